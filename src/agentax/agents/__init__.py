@@ -1,0 +1,1 @@
+"""agentax.agents (see DESIGN.md)."""

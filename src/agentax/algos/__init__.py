@@ -1,0 +1,1 @@
+"""agentax.algos (see DESIGN.md)."""

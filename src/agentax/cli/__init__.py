@@ -1,0 +1,1 @@
+"""agentax.cli (see DESIGN.md)."""

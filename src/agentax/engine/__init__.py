@@ -1,0 +1,1 @@
+"""agentax.engine (see DESIGN.md)."""

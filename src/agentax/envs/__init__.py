@@ -1,0 +1,1 @@
+"""agentax.envs (see DESIGN.md)."""

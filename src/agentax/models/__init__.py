@@ -1,0 +1,1 @@
+"""agentax.models (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""agentax.pipeline (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""agentax.rewards (see DESIGN.md)."""

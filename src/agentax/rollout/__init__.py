@@ -1,0 +1,1 @@
+"""agentax.rollout (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""agentax.text (see DESIGN.md)."""

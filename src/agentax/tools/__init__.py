@@ -1,0 +1,1 @@
+"""agentax.tools (see DESIGN.md)."""

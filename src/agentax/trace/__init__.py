@@ -1,0 +1,1 @@
+"""agentax.trace (see DESIGN.md)."""

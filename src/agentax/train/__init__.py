@@ -1,0 +1,1 @@
+"""agentax.train (see DESIGN.md)."""
