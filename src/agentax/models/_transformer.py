@@ -1,0 +1,308 @@
+"""The decoder-only transformer (Flax NNX) shared by every supported family.
+
+Two forward paths:
+
+* `model(input_ids_bt, ...)` — full sequence, for training and scoring. Causal attention,
+  optionally restricted by a padding mask or by packed-segment ids.
+* `model.forward_cached(tokens_bt, positions_bt, cache, ...)` — prefill or decode against a
+  preallocated `KVCache` of `S` slots, for the generation engine. Tokens are written into
+  their slot at their absolute positions; a row whose position is >= the cache length writes
+  nothing (use it for idle slots so a parked conversation's cache stays intact).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentax.models._config import ModelConfig
+from agentax.models._layers import RMSNorm, apply_rope, attention, rope_inv_freq
+
+__all__ = ["Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments"]
+
+
+class KVCache(NamedTuple):
+    """Per-layer key/value buffers: `k[l]`, `v[l]` are [S, T_max, K, H]."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.k[0].shape[0])
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.k[0].shape[1])
+
+
+def init_cache(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None) -> KVCache:
+    """A zeroed KV cache for `num_slots` sequences of up to `max_seq_len` tokens."""
+    dtype = jnp.dtype(dtype or config.dtype)
+    shape = (num_slots, max_seq_len, config.num_kv_heads, config.head_dim)
+    return KVCache(
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+    )
+
+
+def kv_cache_bytes(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None) -> int:
+    """Bytes `init_cache` would allocate."""
+    itemsize = jnp.dtype(dtype or config.dtype).itemsize
+    per_layer = num_slots * max_seq_len * config.num_kv_heads * config.head_dim * itemsize
+    return 2 * config.num_layers * per_layer
+
+
+def positions_from_segments(segment_ids_bt: jax.Array) -> jax.Array:
+    """Positions that restart at 0 at each new segment of a packed row (padding = segment 0)."""
+    b, t = segment_ids_bt.shape
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    starts = jnp.concatenate(
+        [jnp.ones((b, 1), bool), segment_ids_bt[:, 1:] != segment_ids_bt[:, :-1]], axis=1
+    )
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return idx - start_idx
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq(head_dim, theta, scaling):
+    return rope_inv_freq(head_dim, theta, scaling)
+
+
+_ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+
+
+def _linear(din, dout, bias, cfg, rngs):
+    return nnx.Linear(
+        din, dout, use_bias=bias, dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs,
+    )
+
+
+def _norm(dim, cfg, rngs):
+    return RMSNorm(
+        dim, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one,
+        param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
+        d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = _linear(d, n * h, cfg.qkv_bias, cfg, rngs)
+        self.k_proj = _linear(d, k * h, cfg.qkv_bias, cfg, rngs)
+        self.v_proj = _linear(d, k * h, cfg.qkv_bias, cfg, rngs)
+        self.o_proj = _linear(n * h, d, cfg.o_bias, cfg, rngs)
+        self.q_norm = _norm(h, cfg, rngs) if cfg.qk_norm else None
+        self.k_norm = _norm(h, cfg, rngs) if cfg.qk_norm else None
+        self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
+        self.theta, self.scaling = cfg.layer_rope(layer)
+        self.window = cfg.layer_window(layer)
+        self.scale = cfg.q_scale
+        self.softcap = cfg.attn_logit_softcap
+
+    def qkv(self, x_btd: jax.Array, positions_bt: jax.Array):
+        b, t, _ = x_btd.shape
+        q = self.q_proj(x_btd).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, N, H]
+        k = self.k_proj(x_btd).reshape(b, t, self.num_kv_heads, self.head_dim)  # [B, T, K, H]
+        v = self.v_proj(x_btd).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = _inv_freq(self.head_dim, self.theta, self.scaling)
+        return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
+
+    def window_mask(self, q_pos, k_pos):
+        """True where a query at q_pos may see a key at k_pos (causal + sliding window)."""
+        mask = k_pos <= q_pos
+        if self.window is not None:
+            mask &= k_pos > q_pos - self.window
+        return mask
+
+    def __call__(self, x_btd, positions_bt, allowed_btt):
+        q, k, v = self.qkv(x_btd, positions_bt)
+        b, t = positions_bt.shape
+        idx = jnp.arange(t)
+        mask = allowed_btt & self.window_mask(idx[:, None], idx[None, :])[None]
+        out = attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+        return self.o_proj(out.reshape(b, t, -1))
+
+    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b):
+        q, k, v = self.qkv(x_btd, positions_bt)
+        b, t = positions_bt.shape
+        if slot_ids_b is None:  # all slots, in order (decode)
+            rows = jnp.arange(k_cache.shape[0])[:, None]
+        else:
+            rows = slot_ids_b[:, None]
+        k_cache = k_cache.at[rows, positions_bt].set(k.astype(k_cache.dtype), mode="drop")
+        v_cache = v_cache.at[rows, positions_bt].set(v.astype(v_cache.dtype), mode="drop")
+        k_all = k_cache if slot_ids_b is None else k_cache[slot_ids_b]  # [B, T_max, K, H]
+        v_all = v_cache if slot_ids_b is None else v_cache[slot_ids_b]
+        k_pos = jnp.arange(k_cache.shape[1])
+        mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, T_max]
+        out = attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
+        return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _linear(d, f, cfg.mlp_bias, cfg, rngs)
+        self.up_proj = _linear(d, f, cfg.mlp_bias, cfg, rngs)
+        self.down_proj = _linear(f, d, cfg.mlp_bias, cfg, rngs)
+        self.act = cfg.hidden_act
+
+    def __call__(self, x_btd):
+        return self.down_proj(_ACTIVATIONS[self.act](self.gate_proj(x_btd)) * self.up_proj(x_btd))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
+        self.attn_norm = _norm(cfg.hidden_size, cfg, rngs)
+        self.attn = Attention(cfg, layer, rngs)
+        self.mlp_norm = _norm(cfg.hidden_size, cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+        self.attn_post_norm = _norm(cfg.hidden_size, cfg, rngs) if cfg.post_norms else None
+        self.mlp_post_norm = _norm(cfg.hidden_size, cfg, rngs) if cfg.post_norms else None
+
+    def _finish(self, x, a):
+        if self.attn_post_norm is not None:
+            a = self.attn_post_norm(a)
+        x = x + a
+        m = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            m = self.mlp_post_norm(m)
+        return x + m
+
+    def __call__(self, x_btd, positions_bt, allowed_btt):
+        return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, allowed_btt))
+
+    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b):
+        a, k_cache, v_cache = self.attn.cached(
+            self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b
+        )
+        return self._finish(x_btd, a), k_cache, v_cache
+
+
+class Transformer(nnx.Module):
+    """Decoder-only transformer; see the module docstring for its two forward paths."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = config
+        self.embed = nnx.Embed(
+            config.vocab_size, config.hidden_size, dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype), rngs=rngs,
+        )
+        self.layers = nnx.List([Block(config, i, rngs) for i in range(config.num_layers)])
+        self.final_norm = _norm(config.hidden_size, config, rngs)
+        self.lm_head = (
+            None if config.tie_word_embeddings
+            else _linear(config.hidden_size, config.vocab_size, False, config, rngs)
+        )
+
+    # ------------------------------------------------------------------ pieces
+
+    def embed_tokens(self, ids_bt: jax.Array) -> jax.Array:
+        x = self.embed(ids_bt)  # [B, T, D]
+        if self.config.embed_scale:
+            x = x * jnp.asarray(self.config.hidden_size**0.5, x.dtype)
+        return x
+
+    def logits(self, hidden_btd: jax.Array) -> jax.Array:
+        """Final-norm hidden states [..., D] -> float32 logits [..., V]."""
+        if self.lm_head is None:
+            table = self.embed.embedding[...].astype(hidden_btd.dtype)  # [V, D]
+            out = jnp.einsum("...d,vd->...v", hidden_btd, table, preferred_element_type=jnp.float32)
+        else:
+            kernel = self.lm_head.kernel[...].astype(hidden_btd.dtype)  # [D, V]
+            out = jnp.einsum("...d,dv->...v", hidden_btd, kernel, preferred_element_type=jnp.float32)
+        if self.config.final_logit_softcap is not None:
+            cap = self.config.final_logit_softcap
+            out = jnp.tanh(out / cap) * cap
+        return out
+
+    # ------------------------------------------------------------------ full sequence
+
+    def hidden(
+        self,
+        input_ids_bt: jax.Array,
+        positions_bt: jax.Array | None = None,
+        segment_ids_bt: jax.Array | None = None,
+        attention_mask_bt: jax.Array | None = None,
+    ) -> jax.Array:
+        """Final-norm hidden states [B, T, D] of a full-sequence forward pass.
+
+        Args:
+          input_ids_bt: [B, T] int token ids.
+          positions_bt: [B, T] RoPE positions; default 0..T-1, or restarting per segment when
+            `segment_ids_bt` is given.
+          segment_ids_bt: [B, T] packed-sequence ids; tokens attend only within their segment;
+            0 marks padding.
+          attention_mask_bt: [B, T] 1 for real tokens, 0 for padding (keys masked out).
+        """
+        b, t = input_ids_bt.shape
+        allowed = jnp.ones((b, t, t), bool)
+        if segment_ids_bt is not None:
+            seg = segment_ids_bt
+            allowed &= (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+            if positions_bt is None:
+                positions_bt = positions_from_segments(seg)
+        if attention_mask_bt is not None:
+            allowed &= attention_mask_bt[:, None, :].astype(bool)
+        if positions_bt is None:
+            positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        x = self.embed_tokens(input_ids_bt)
+        for block in self.layers:
+            x = block(x, positions_bt, allowed)
+        return self.final_norm(x)
+
+    def __call__(
+        self,
+        input_ids_bt: jax.Array,
+        positions_bt: jax.Array | None = None,
+        segment_ids_bt: jax.Array | None = None,
+        attention_mask_bt: jax.Array | None = None,
+    ) -> jax.Array:
+        """Float32 logits [B, T, V] for int32 `input_ids_bt` [B, T] (see `hidden` for args)."""
+        return self.logits(self.hidden(input_ids_bt, positions_bt, segment_ids_bt, attention_mask_bt))
+
+    # ------------------------------------------------------------------ KV-cache path
+
+    def forward_cached(
+        self,
+        tokens_bt: jax.Array,
+        positions_bt: jax.Array,
+        cache: KVCache,
+        slot_ids_b: jax.Array | None = None,
+        logits_index_b: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache]:
+        """Prefill or decode against the KV cache.
+
+        Args:
+          tokens_bt: [B, T] int token ids.
+          positions_bt: [B, T] absolute positions; each token's k/v is written there. A
+            position >= cache.max_seq_len writes nothing (idle rows, chunk padding).
+          cache: the KV cache.
+          slot_ids_b: [B] which cache slot each row uses; None means row i is slot i (B == S).
+          logits_index_b: [B] if given, return logits only at this time index of each row.
+
+        Returns:
+          (logits, new_cache): logits [B, T, V] float32, or [B, V] with logits_index_b.
+        """
+        x = self.embed_tokens(tokens_bt)
+        new_k, new_v = [], []
+        for block, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x, k_cache, v_cache = block.cached(x, positions_bt, k_cache, v_cache, slot_ids_b)
+            new_k.append(k_cache)
+            new_v.append(v_cache)
+        if logits_index_b is not None:
+            x = jnp.take_along_axis(x, logits_index_b[:, None, None], axis=1)[:, 0]  # [B, D]
+        return self.logits(self.final_norm(x)), KVCache(tuple(new_k), tuple(new_v))
