@@ -1,0 +1,190 @@
+"""Read a Perfetto trace written by agentax back into plain records (for tests and the doctor).
+
+The file is parsed packet by packet with the same protos the writer used; a truncated last
+packet (a run killed mid-write) is ignored, not an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import defaultdict
+from typing import Any, Iterator, Mapping
+
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from agentax.trace._writer import LANE_SEPARATOR
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpanRecord:
+    """One slice of the trace."""
+
+    name: str
+    track: str  # custom track name, or "THREADNAME (TID)" for a thread track
+    start_ns: int
+    end_ns: int
+    depth: int = 0  # nesting depth on its (lane of the) track
+    lane: int = 0  # > 0 when it was moved off its track because it did not nest
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    flow_out: tuple[int, ...] = ()
+    flow_in: tuple[int, ...] = ()
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InstantRecord:
+    """One instant event."""
+
+    name: str
+    track: str
+    ts_ns: int
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TraceData:
+    """Everything in one trace file."""
+
+    spans: tuple[SpanRecord, ...]
+    instants: tuple[InstantRecord, ...]
+    counters: Mapping[str, tuple[tuple[int, float], ...]]  # name -> ((ts_ns, value), ...)
+    tracks: tuple[str, ...]
+    process_name: str = ""
+
+    def spans_named(self, name: str) -> list[SpanRecord]:
+        return [s for s in self.spans if s.name == name]
+
+    @property
+    def start_ns(self) -> int:
+        stamps = [s.start_ns for s in self.spans] + [i.ts_ns for i in self.instants]
+        stamps += [c[0][0] for c in self.counters.values() if c]
+        return min(stamps, default=0)
+
+    @property
+    def end_ns(self) -> int:
+        stamps = [s.end_ns for s in self.spans] + [i.ts_ns for i in self.instants]
+        stamps += [c[-1][0] for c in self.counters.values() if c]
+        return max(stamps, default=0)
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise EOFError
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def iter_packets(path: str | os.PathLike) -> Iterator[pb.TracePacket]:
+    """Yield the `TracePacket`s of a trace file in file order."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    pos = 0
+    while pos < len(buf):
+        try:
+            tag, body = _varint(buf, pos)
+            length, body = _varint(buf, body)
+        except EOFError:
+            return
+        if tag != 0x0A:  # not Trace.packet (field 1, length-delimited): unknown, skip it
+            if tag & 7 != 2:
+                return
+        if body + length > len(buf):
+            return  # truncated tail
+        if tag == 0x0A:
+            yield pb.TracePacket.FromString(buf[body:body + length])
+        pos = body + length
+
+
+def _value(ann: pb.DebugAnnotation) -> Any:
+    kind = ann.WhichOneof("value")
+    return getattr(ann, kind) if kind else None
+
+
+def read_trace(path: str | os.PathLike) -> TraceData:
+    """Parse a trace written by `Tracer.start` into `TraceData`."""
+    names: dict[int, str] = {}
+    arg_names: dict[int, str] = {}
+    track_name: dict[int, str] = {}
+    track_lane: dict[int, int] = {}
+    counter_tracks: set[int] = set()
+    process_name = ""
+    stacks: dict[int, list] = defaultdict(list)
+    spans: list[SpanRecord] = []
+    instants: list[InstantRecord] = []
+    counters: dict[str, list] = defaultdict(list)
+    timeline: list[tuple] = []
+    for packet in iter_packets(path):
+        if packet.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
+            names.clear()
+            arg_names.clear()
+        if packet.HasField("interned_data"):
+            for item in packet.interned_data.event_names:
+                names[item.iid] = item.name
+            for item in packet.interned_data.debug_annotation_names:
+                arg_names[item.iid] = item.name
+        if packet.HasField("track_descriptor"):
+            desc = packet.track_descriptor
+            if desc.HasField("process"):
+                process_name = desc.process.process_name
+                continue
+            if desc.HasField("thread"):
+                name = f"{desc.thread.thread_name} ({desc.thread.tid})"
+            else:
+                name = desc.name
+            lane = 0
+            parent = track_name.get(desc.parent_uuid)
+            if parent is not None and name.startswith(parent + LANE_SEPARATOR):
+                lane = int(name[len(parent) + len(LANE_SEPARATOR):].rstrip("]"))
+                name = parent
+            track_name[desc.uuid] = name
+            track_lane[desc.uuid] = lane
+            if desc.HasField("counter"):
+                counter_tracks.add(desc.uuid)
+            continue
+        if not packet.HasField("track_event"):
+            continue
+        ev = packet.track_event
+        uuid = ev.track_uuid
+        if ev.type == pb.TrackEvent.TYPE_COUNTER:
+            value = ev.double_counter_value if ev.HasField("double_counter_value") \
+                else float(ev.counter_value)
+            counters[track_name.get(uuid, str(uuid))].append((packet.timestamp, value))
+            continue
+        name = ev.name if ev.HasField("name") else names.get(ev.name_iid, "")
+        args = {(a.name if a.HasField("name") else arg_names.get(a.name_iid, "")): _value(a)
+                for a in ev.debug_annotations}
+        timeline.append((packet.timestamp, len(timeline), uuid, ev.type, name, args,
+                         tuple(ev.flow_ids), tuple(ev.terminating_flow_ids)))
+    # Match begins and ends the way trace processor does: by timestamp, ties in file order.
+    timeline.sort(key=lambda e: (e[0], e[1]))
+    for ts, _, uuid, kind, name, args, flow_out, flow_in in timeline:
+        if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            stacks[uuid].append((name, ts, args, flow_out, flow_in))
+        elif kind == pb.TrackEvent.TYPE_SLICE_END:
+            stack = stacks[uuid]
+            if not stack:
+                continue
+            name, start, args, flow_out, flow_in = stack.pop()
+            spans.append(SpanRecord(name=name, track=track_name.get(uuid, str(uuid)),
+                                    start_ns=start, end_ns=ts, depth=len(stack),
+                                    lane=track_lane.get(uuid, 0), args=args,
+                                    flow_out=flow_out, flow_in=flow_in))
+        elif kind == pb.TrackEvent.TYPE_INSTANT:
+            instants.append(InstantRecord(name=name, track=track_name.get(uuid, str(uuid)),
+                                          ts_ns=ts, args=args))
+    spans.sort(key=lambda s: (s.start_ns, -s.end_ns))
+    instants.sort(key=lambda i: i.ts_ns)
+    tracks = sorted({n for u, n in track_name.items() if u not in counter_tracks})
+    return TraceData(spans=tuple(spans), instants=tuple(instants),
+                     counters={k: tuple(sorted(v)) for k, v in counters.items()},
+                     tracks=tuple(tracks), process_name=process_name)

@@ -1,0 +1,333 @@
+"""The process-wide tracer: spans, instants, counters and flows appended to a bounded buffer.
+
+Recording is one `deque.append` of a small tuple (atomic under the GIL, no lock, no I/O); a
+background `PerfettoWriter` drains the buffer and appends Perfetto packets to the trace file.
+Without a writer the buffer is a flight recorder: it keeps the newest `capacity` events.
+
+The current track lives in a `ContextVar`, so a span opened on `episode/17` inside a coroutine
+makes every span nested under it (across `await`, and in tasks created inside it) land on the
+same track, while other coroutines on the same thread keep their own tracks.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+from agentax.trace._files import TRACE_FILENAME
+
+# Event kinds in the buffer. Every record is an 8-tuple:
+# (kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)
+SPAN, INSTANT, COUNTER = 0, 1, 2
+
+DEFAULT_CAPACITY = 1 << 20
+
+
+class ThreadTrack(NamedTuple):
+    """The default track of one OS thread."""
+
+    tid: int
+    name: str
+
+
+class _NoopSpan:
+    """What `Tracer.span` returns while tracing is off: costs one call and nothing else."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> "_NoopSpan":
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+    def set_arg(self, key: str, value: Any) -> None:
+        """Does nothing (tracing is off)."""
+
+    def block(self, value: Any) -> Any:
+        """Returns `value` unchanged (tracing is off); kept so device spans still sync."""
+        from agentax.trace._device import block_until_ready
+
+        return block_until_ready(value)
+
+
+NOOP_SPAN = _NoopSpan()
+
+
+class Span:
+    """An open span; use as a context manager (`with tracer.span(...) as s:`)."""
+
+    __slots__ = ("_tracer", "name", "track", "args", "flow_out", "flow_in", "start_ns", "_token")
+
+    def __init__(self, tracer: "Tracer", name: str, track: Any, args: dict | None,
+                 flow_out: tuple, flow_in: tuple) -> None:
+        self._tracer = tracer
+        self.name = name
+        self.track = track
+        self.args = args
+        self.flow_out = flow_out
+        self.flow_in = flow_in
+        self._token = None
+
+    def __enter__(self) -> "Span":
+        tracer = self._tracer
+        if self.track is None:
+            self.track = tracer._current_track.get() or tracer._thread_track()
+        else:
+            self._token = tracer._current_track.set(self.track)
+        self.start_ns = tracer._clock()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        tracer = self._tracer
+        end_ns = tracer._clock()
+        if self._token is not None:
+            try:
+                tracer._current_track.reset(self._token)
+            except ValueError:  # exited in another context (e.g. a generator); nothing to undo
+                pass
+        args = self.args
+        if exc_type is not None:
+            args = dict(args or ())
+            args["error"] = exc_type.__name__
+        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, args,
+                        self.flow_out, self.flow_in))
+        return False
+
+    def set_arg(self, key: str, value: Any) -> None:
+        """Attach an argument known only inside the span (e.g. the episode status)."""
+        if self.args is None:
+            self.args = {}
+        self.args[key] = value
+
+
+class Tracer:
+    """Records spans, instants, counters and flows; see the module docstring.
+
+    Args:
+      capacity: events the buffer holds before the oldest are dropped (and counted).
+      clock: a callable returning monotonic nanoseconds (tests pass a virtual clock).
+      enabled: record at all; `set_enabled(False)` turns the process tracer off.
+    """
+
+    def __init__(self, *, capacity: int = DEFAULT_CAPACITY,
+                 clock: Callable[[], int] = time.perf_counter_ns, enabled: bool = True) -> None:
+        if capacity < 1:
+            raise ValueError(f"Tracer capacity must be >= 1, got {capacity}")
+        self.enabled = enabled
+        self.capacity = capacity
+        self._clock = clock
+        self._events: deque = deque(maxlen=capacity)
+        self._dropped = 0
+        self._flow_ids = itertools.count(1)
+        self._current_track: contextvars.ContextVar = contextvars.ContextVar(
+            f"agentax_trace_track_{id(self)}", default=None)
+        self._tls = threading.local()
+        self._writer = None
+
+    # -- recording ------------------------------------------------------------------------
+    def now_ns(self) -> int:
+        """The tracer's clock, in nanoseconds."""
+        return self._clock()
+
+    def _record(self, event: tuple) -> None:
+        events = self._events
+        if len(events) >= self.capacity:
+            self._dropped += 1
+        events.append(event)
+
+    def _thread_track(self) -> ThreadTrack:
+        try:
+            return self._tls.track
+        except AttributeError:
+            track = ThreadTrack(threading.get_native_id(), threading.current_thread().name)
+            self._tls.track = track
+            return track
+
+    def current_track(self) -> Any:
+        """The track a span opened here would land on (a name or the thread's track)."""
+        return self._current_track.get() or self._thread_track()
+
+    def span(self, name: str, *, track: str | None = None, args: Mapping[str, Any] | None = None,
+             flow_out: Iterable[int] = (), flow_in: Iterable[int] = ()) -> Span | _NoopSpan:
+        """A span from `__enter__` to `__exit__`.
+
+        Args:
+          name: what the span is (prefer `agentax.trace.names` constants).
+          track: None for the current track (context's, else the thread's); a string names a
+            custom track, which becomes the current track for everything nested inside.
+          args: small key/value annotations (str, int, float, bool).
+          flow_out: flow ids that start here (an arrow to the span that takes them in).
+          flow_in: flow ids that end here.
+        """
+        if not self.enabled:
+            return NOOP_SPAN
+        return Span(self, name, track, dict(args) if args else None,
+                    tuple(flow_out), tuple(flow_in))
+
+    def complete(self, name: str, start_ns: int, end_ns: int, *, track: str | None = None,
+                 args: Mapping[str, Any] | None = None, flow_out: Iterable[int] = (),
+                 flow_in: Iterable[int] = ()) -> None:
+        """Record a span whose start and end were measured elsewhere (same clock)."""
+        if not self.enabled:
+            return
+        if end_ns < start_ns:
+            raise ValueError(f"span {name!r} ends ({end_ns}) before it starts ({start_ns})")
+        self._record((SPAN, int(start_ns), int(end_ns), track or self.current_track(), name,
+                      dict(args) if args else None, tuple(flow_out), tuple(flow_in)))
+
+    def instant(self, name: str, *, track: str | None = None,
+                args: Mapping[str, Any] | None = None, ts_ns: int | None = None) -> None:
+        """A point event on a track."""
+        if not self.enabled:
+            return
+        ts = self._clock() if ts_ns is None else int(ts_ns)
+        self._record((INSTANT, ts, ts, track or self.current_track(), name,
+                      dict(args) if args else None, (), ()))
+
+    def counter(self, name: str, value: float, *, ts_ns: int | None = None) -> None:
+        """A sample of a counter (one counter track per name)."""
+        if not self.enabled:
+            return
+        ts = self._clock() if ts_ns is None else int(ts_ns)
+        self._record((COUNTER, ts, ts, None, name, float(value), (), ()))
+
+    def new_flow_id(self) -> int:
+        """A fresh id to connect a producer span (flow_out) to a consumer span (flow_in)."""
+        return next(self._flow_ids)
+
+    def use_track(self, track: str) -> "_TrackScope":
+        """Make `track` the current track without opening a span (context manager)."""
+        return _TrackScope(self, track)
+
+    def device_span(self, name: str = "device_call", *, track: str | None = None,
+                    args: Mapping[str, Any] | None = None):
+        """A span for a jitted call that ends when the caller blocks on its result.
+
+        Usage: ``with tracer.device_span(TRAIN_STEP) as ds: out = ds.block(step(state, b))``.
+        Only the edge the caller chooses syncs; see `agentax.trace.DeviceSpan`.
+        """
+        from agentax.trace._device import DeviceSpan
+
+        if not self.enabled:
+            return NOOP_SPAN
+        return DeviceSpan(self, name, track, dict(args) if args else None)
+
+    # -- output ---------------------------------------------------------------------------
+    def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
+              process_name: str = "agentax") -> str:
+        """Write this tracer's events to a Perfetto trace file from now on.
+
+        Args:
+          path: a run directory (the file is `RUN_DIR/trace.perfetto-trace`) or a file path.
+          flush_interval_s: how often the background writer drains the buffer.
+          process_name: the process track's name in the Perfetto UI.
+        Returns:
+          The trace file path.
+        """
+        from agentax.trace._writer import PerfettoWriter
+
+        if self._writer is not None:
+            raise RuntimeError(f"tracer already writes to {self._writer.path}; call close() first")
+        path = os.fspath(path)
+        if os.path.isdir(path) or not os.path.splitext(path)[1]:
+            os.makedirs(path, exist_ok=True)
+            path = os.path.join(path, TRACE_FILENAME)
+        self._writer = PerfettoWriter(self, path, flush_interval_s=flush_interval_s,
+                                      process_name=process_name)
+        self._writer.start()
+        return path
+
+    def flush(self) -> None:
+        """Write everything recorded so far (blocks until it is in the file)."""
+        if self._writer is not None:
+            self._writer.drain()
+
+    def close(self) -> None:
+        """Flush, stop the writer and close the file (recording continues into the buffer)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.stop()
+
+    def take_events(self) -> list[tuple]:
+        """Remove and return the buffered events (what the writer consumes)."""
+        events, out = self._events, []
+        try:
+            for _ in range(len(events)):
+                out.append(events.popleft())
+        except IndexError:
+            pass
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Counts: events dropped (buffer full), buffered, written, bytes written."""
+        writer = self._writer
+        return {"dropped": self._dropped, "buffered": len(self._events),
+                "written": writer.events_written if writer else 0,
+                "bytes": writer.bytes_written if writer else 0}
+
+
+class _TrackScope:
+    __slots__ = ("_tracer", "_track", "_token")
+
+    def __init__(self, tracer: Tracer, track: str) -> None:
+        self._tracer, self._track, self._token = tracer, track, None
+
+    def __enter__(self) -> str:
+        self._token = self._tracer._current_track.set(self._track)
+        return self._track
+
+    def __exit__(self, *exc: object) -> bool:
+        self._tracer._current_track.reset(self._token)
+        return False
+
+
+_TRACER = Tracer()
+
+
+def get_tracer() -> Tracer:
+    """The process-wide tracer (always on unless `set_enabled(False)`)."""
+    return _TRACER
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn the process-wide tracer on or off (off: spans cost one attribute check)."""
+    _TRACER.enabled = bool(enabled)
+
+
+def traced(name: str | Callable | None = None, *, track: str | None = None,
+           tracer: Tracer | None = None):
+    """Decorator: trace every call of a sync or async function as a span.
+
+    `@traced` uses the function's qualified name; `@traced(names.ENV_STEP)` a given one.
+    The tracer is looked up at call time (default: the process tracer).
+    """
+    def decorate(fn: Callable) -> Callable:
+        span_name = name if isinstance(name, str) else fn.__qualname__
+
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with (tracer or _TRACER).span(span_name, track=track):
+                    return await fn(*args, **kwargs)
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with (tracer or _TRACER).span(span_name, track=track):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    if callable(name) and not isinstance(name, str):
+        return decorate(name)
+    return decorate
+
+
+__all__ = ["Tracer", "Span", "ThreadTrack", "get_tracer", "set_enabled", "traced"]

@@ -1,0 +1,59 @@
+"""Standard span, counter and track names recorded by agentax.
+
+Every layer instruments itself with these constants so that the Perfetto timeline reads the
+same in every run and `agentax doctor` can find what it measures. A name is a plain string;
+other teams may record extra names, the doctor simply ignores names it does not know.
+
+Args keys the doctor reads (all optional) are listed at the bottom (`ARG_*`).
+"""
+
+# --- spans -------------------------------------------------------------------------------
+ROLLOUT = "rollout"  # one group of episodes for a task (collector side)
+EPISODE = "episode"  # one episode, on its own track `episode_track(id)`; flow_out -> TRAIN_STEP
+MODEL_CALL = "model_call"  # agent -> engine generate call, queueing for a slot included
+ENV_RESET = "env_reset"
+ENV_STEP = "env_step"
+TOOL_CALL = "tool_call"
+REWARD = "reward"
+TRAIN_STEP = "train_step"  # one optimizer step; flow_in = the flows of the episodes it consumed
+WEIGHT_PUBLISH = "weight_publish"
+TRAINER_WAIT = "trainer_wait"  # trainer blocked waiting for a complete group
+PRODUCER_BLOCKED = "producer_blocked"  # collector blocked on a full group queue (back-pressure)
+STALENESS_WAIT = "staleness_wait"  # collector blocked: would exceed max_staleness
+PREFILL = "prefill"  # engine prefill of new requests into free slots (engine track)
+DECODE_STEP = "decode_step"  # one batched decode step of all active slots (engine track)
+PROFILER_WINDOW = "profiler_window"  # the jax.profiler capture window (profiler track)
+DEVICE_CALL = "device_call"  # default name for `Tracer.device_span`
+
+# --- counters ----------------------------------------------------------------------------
+ENGINE_ACTIVE_SLOTS = "engine_active_slots"
+ENGINE_WAITING = "engine_waiting"  # requests waiting for a free slot
+ENGINE_TOKENS_PER_STEP = "engine_tokens_per_step"
+ENGINE_EVICTIONS = "engine_evictions"
+QUEUE_DEPTH = "queue_depth"  # complete groups waiting for the trainer
+STALENESS = "staleness"  # policy versions behind, one sample per trained trajectory/group
+
+# --- tracks ------------------------------------------------------------------------------
+ENGINE_TRACK = "engine"
+TRAINER_TRACK = "trainer"
+COLLECTOR_TRACK = "collector"
+PROFILER_TRACK = "profiler"
+EPISODE_TRACK_PREFIX = "episode/"
+
+# --- args keys the doctor reads -------------------------------------------------------------
+ARG_EPISODE_ID = "episode_id"  # on EPISODE
+ARG_STATUS = "status"  # on EPISODE: trajectory status (ok, timeout, env_error, ...)
+ARG_POLICY_VERSION = "policy_version"  # on TRAIN_STEP / WEIGHT_PUBLISH: version after the step
+ARG_STALENESS = "staleness"  # on TRAIN_STEP: max staleness of the consumed groups (fallback)
+ARG_ERROR = "error"  # set by the tracer when a span exits with an exception
+
+SPANS = (ROLLOUT, EPISODE, MODEL_CALL, ENV_RESET, ENV_STEP, TOOL_CALL, REWARD, TRAIN_STEP,
+         WEIGHT_PUBLISH, TRAINER_WAIT, PRODUCER_BLOCKED, STALENESS_WAIT, PREFILL, DECODE_STEP,
+         PROFILER_WINDOW, DEVICE_CALL)
+COUNTERS = (ENGINE_ACTIVE_SLOTS, ENGINE_WAITING, ENGINE_TOKENS_PER_STEP, ENGINE_EVICTIONS,
+            QUEUE_DEPTH, STALENESS)
+
+
+def episode_track(episode_id: object) -> str:
+    """The custom track name of one episode, e.g. ``episode/17``."""
+    return f"{EPISODE_TRACK_PREFIX}{episode_id}"
