@@ -1,1 +1,20 @@
-"""agentax.agents (see DESIGN.md)."""
+"""agentax.agents: map observations to chat messages and model replies to actions.
+
+Agents hold the conversation and never call a model; `TrajectoryBuilder` assembles an episode
+as one token-exact stream for training. See docs/agents.md.
+"""
+
+from agentax.agents._base import Agent, ModelAgent
+from agentax.agents._frozen_lake import FrozenLakeAgent
+from agentax.agents._tool import ToolAgent, tool_schemas
+from agentax.agents._trajectory import TrajectoryBuilder, decode_reply
+
+__all__ = [
+    "Agent",
+    "FrozenLakeAgent",
+    "ModelAgent",
+    "ToolAgent",
+    "TrajectoryBuilder",
+    "decode_reply",
+    "tool_schemas",
+]
