@@ -131,6 +131,7 @@ class Tracer:
             f"agentax_trace_track_{id(self)}", default=None)
         self._tls = threading.local()
         self._writer = None
+        self._last_writer = None
 
     # -- recording ------------------------------------------------------------------------
     def now_ns(self) -> int:
@@ -255,6 +256,7 @@ class Tracer:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.stop()
+            self._last_writer = writer
 
     def take_events(self) -> list[tuple]:
         """Remove and return the buffered events (what the writer consumes)."""
@@ -268,7 +270,7 @@ class Tracer:
 
     def stats(self) -> dict[str, int]:
         """Counts: events dropped (buffer full), buffered, written, bytes written."""
-        writer = self._writer
+        writer = self._writer or self._last_writer
         return {"dropped": self._dropped, "buffered": len(self._events),
                 "written": writer.events_written if writer else 0,
                 "bytes": writer.bytes_written if writer else 0}

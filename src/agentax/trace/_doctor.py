@@ -1,0 +1,257 @@
+"""`analyze(run_dir)`: read a run's trace, metrics and config back into a `DoctorReport`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter, defaultdict
+from typing import Any, Mapping
+
+import numpy as np
+
+from agentax.trace import names
+from agentax.trace._critical import CATEGORY, critical_path
+from agentax.trace._files import (CONFIG_FILENAME, METRICS_FILENAME, TRACE_FILENAME,
+                                  TRACE_FILENAME_ALT)
+from agentax.trace._intervals import (binned_concurrency, difference_length, length,
+                                      percentiles, step_series_stats)
+from agentax.trace._metrics import read_metrics
+from agentax.trace._reader import TraceData, read_trace
+
+STAGES = (names.EPISODE, names.MODEL_CALL, names.ENV_RESET, names.ENV_STEP, names.TOOL_CALL,
+          names.REWARD, names.TRAIN_STEP, names.WEIGHT_PUBLISH, names.TRAINER_WAIT,
+          names.STALENESS_WAIT, names.PRODUCER_BLOCKED, names.PREFILL, names.DECODE_STEP)
+LATENCY_SPANS = (names.MODEL_CALL, names.ENV_RESET, names.ENV_STEP, names.TOOL_CALL,
+                 names.REWARD, names.TRAIN_STEP, names.EPISODE)
+TIMELINE_BINS = 120
+ENV_SPANS = (names.ENV_RESET, names.ENV_STEP, names.TOOL_CALL, names.REWARD)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageTime:
+    """Time one span name took: union over wall time and summed over all spans."""
+
+    name: str
+    count: int
+    active_s: float  # wall time during which at least one such span was open
+    active_fraction: float  # active_s / wall_s
+    total_s: float  # summed durations (> active_s when they overlap)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Latency:
+    """Latency distribution of one span name, in seconds."""
+
+    name: str
+    count: int
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    max_s: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DoctorReport:
+    """What `agentax doctor` found in a run directory."""
+
+    run_dir: str
+    wall_s: float
+    stages: tuple[StageTime, ...]
+    latencies: tuple[Latency, ...]
+    engine_busy_fraction: float | None  # time with >= 1 active slot (or decode/model call)
+    engine_full_fraction: float | None  # time with every slot busy
+    engine_mean_active: float | None
+    engine_mean_waiting: float | None  # time-weighted mean of requests waiting for a slot
+    trainer_busy_fraction: float | None  # train + publish, over the trainer's lifetime
+    trainer_wait_fraction: float | None  # waiting for groups, over the trainer's lifetime
+    env_bound_fraction: float  # wall time when only env/tool/reward work was running
+    episode_time_shares: Mapping[str, float]  # share of episode time: model, env, tool, ...
+    staleness: Mapping[int, int]  # versions behind -> count
+    critical_path: Mapping[str, float]  # category -> seconds on the critical path
+    critical_path_spans: int
+    knobs: Mapping[str, Any]  # max_concurrency, max_staleness, max_slots (None if unknown)
+    bottleneck: str  # environment | trainer | engine_slots | staleness | model | balanced | ...
+    verdict: str
+    suggestion: str
+    episodes: int
+    train_steps: int
+    metrics_records: int
+    timeline_t0_ns: int = 0
+    timeline_bin_s: float = 0.0
+    timeline: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def find_trace(run_dir: str) -> str:
+    for name in (TRACE_FILENAME, TRACE_FILENAME_ALT):
+        path = os.path.join(run_dir, name)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(
+        f"no trace in {run_dir!r}: expected {TRACE_FILENAME} or {TRACE_FILENAME_ALT}; was the "
+        f"run started with tracing on (tracer.start(run_dir))?")
+
+
+def _dig(config: Mapping, dotted: str) -> Any:
+    node: Any = config
+    for key in dotted.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def read_knobs(run_dir: str) -> dict[str, Any]:
+    """The knobs the doctor talks about, from `config.yaml`; None where absent."""
+    knobs: dict[str, Any] = {"max_concurrency": None, "max_staleness": None, "max_slots": None}
+    path = os.path.join(run_dir, CONFIG_FILENAME)
+    if not os.path.exists(path):
+        return knobs
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        config = yaml.safe_load(f) or {}
+    for key, dotted in (("max_concurrency", "pipeline.max_concurrency"),
+                        ("max_staleness", "pipeline.max_staleness"),
+                        ("max_slots", "engine.max_slots")):
+        value = _dig(config, dotted)
+        if value is None:
+            value = _dig(config, key)
+        knobs[key] = value
+    return knobs
+
+
+def _spans_by_name(trace: TraceData) -> dict[str, list[tuple[int, int]]]:
+    by_name: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for s in trace.spans:
+        by_name[s.name].append((s.start_ns, s.end_ns))
+    return by_name
+
+
+def _staleness(trace: TraceData, metrics: list[dict]) -> dict[int, int]:
+    samples = [v for _, v in trace.counters.get(names.STALENESS, ())]
+    if not samples:
+        samples = [s.args[names.ARG_STALENESS] for s in trace.spans
+                   if s.name == names.TRAIN_STEP and names.ARG_STALENESS in s.args]
+    if not samples:
+        for key in ("staleness", "staleness_max"):
+            samples = [r[key] for r in metrics if isinstance(r.get(key), (int, float))]
+            if samples:
+                break
+    return dict(sorted(Counter(int(round(v)) for v in samples).items()))
+
+
+def _engine(trace: TraceData, by_name, t0: int, t1: int, max_slots: Any):
+    wall = max(t1 - t0, 1)
+    active = trace.counters.get(names.ENGINE_ACTIVE_SLOTS, ())
+    waiting = trace.counters.get(names.ENGINE_WAITING, ())
+    busy = full = mean_active = mean_waiting = None
+    if by_name.get(names.DECODE_STEP) or by_name.get(names.PREFILL):
+        busy = length(by_name.get(names.DECODE_STEP, []) + by_name.get(names.PREFILL, [])) / wall
+    if active:
+        mean_active, pieces = step_series_stats(active, t0, t1)
+        if busy is None:
+            busy = sum(e - s for s, e, v in pieces if v > 0) / wall
+        cap = max_slots if isinstance(max_slots, (int, float)) and max_slots > 0 \
+            else max(v for _, v in active)
+        full = sum(e - s for s, e, v in pieces if v >= cap) / wall if cap > 0 else 0.0
+    if waiting:
+        mean_waiting, _ = step_series_stats(waiting, t0, t1)
+    if busy is None and by_name.get(names.MODEL_CALL):
+        busy = length(by_name[names.MODEL_CALL]) / wall
+    return busy, full, mean_active, mean_waiting
+
+
+def _episode_shares(trace: TraceData) -> dict[str, float]:
+    total = sum(s.dur_ns for s in trace.spans if s.name == names.EPISODE)
+    if not total:
+        return {}
+    shares: dict[str, float] = defaultdict(float)
+    for s in trace.spans:
+        if s.track.startswith(names.EPISODE_TRACK_PREFIX) and s.depth == 1 \
+                and s.name in CATEGORY:
+            shares[CATEGORY[s.name]] += s.dur_ns / total
+    shares["agent/other"] = max(0.0, 1.0 - sum(shares.values()))
+    return dict(shares)
+
+
+def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorReport:
+    """Read RUN_DIR's trace (+ metrics.jsonl, config.yaml) and explain where time went.
+
+    Args:
+      run_dir: a run directory holding `trace.perfetto-trace` (or `trace.pftrace`).
+      bins: resolution of the utilisation timeline kept in the report.
+    Returns:
+      A `DoctorReport`; `format_report` prints it, `render_timeline_png` plots it.
+    """
+    from agentax.trace._verdict import decide
+
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"run directory {run_dir!r} does not exist")
+    trace = read_trace(find_trace(run_dir))
+    metrics_path = os.path.join(run_dir, METRICS_FILENAME)
+    metrics = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
+    knobs = read_knobs(run_dir)
+    notes = []
+    if not trace.spans:
+        notes.append("the trace holds no spans; was anything instrumented?")
+    t0, t1 = trace.start_ns, trace.end_ns
+    wall = max(t1 - t0, 1)
+    by_name = _spans_by_name(trace)
+
+    stages = tuple(StageTime(name=n, count=len(by_name[n]), active_s=length(by_name[n]) / 1e9,
+                             active_fraction=length(by_name[n]) / wall,
+                             total_s=sum(e - s for s, e in by_name[n]) / 1e9)
+                   for n in STAGES if by_name.get(n))
+    latencies = []
+    for n in LATENCY_SPANS:
+        durs = [(e - s) / 1e9 for s, e in by_name.get(n, ())]
+        if durs:
+            p50, p95, p99 = percentiles(durs)
+            latencies.append(Latency(name=n, count=len(durs), p50_s=p50, p95_s=p95, p99_s=p99,
+                                     max_s=max(durs)))
+
+    engine_busy, engine_full, mean_active, mean_waiting = _engine(
+        trace, by_name, t0, t1, knobs["max_slots"])
+    trainer_spans = by_name.get(names.TRAIN_STEP, []) + by_name.get(names.WEIGHT_PUBLISH, [])
+    trainer_wait_spans = by_name.get(names.TRAINER_WAIT, [])
+    trainer_busy = trainer_wait = None
+    if trainer_spans or trainer_wait_spans:
+        everything = trainer_spans + trainer_wait_spans
+        life = max(e for _, e in everything) - min(s for s, _ in everything)
+        life = max(life, 1)
+        trainer_busy = length(trainer_spans) / life
+        trainer_wait = length(trainer_wait_spans) / life
+    env_spans = [iv for n in ENV_SPANS for iv in by_name.get(n, ())]
+    other = by_name.get(names.MODEL_CALL, []) + trainer_spans + by_name.get(
+        names.DECODE_STEP, []) + by_name.get(names.PREFILL, [])
+    env_bound = difference_length(env_spans, other) / wall if env_spans else 0.0
+
+    crit_ns, crit_count = critical_path(trace.spans)
+    bin_ns = max(wall // bins, 1)
+    timeline = {n: tuple(binned_concurrency(by_name[n], t0, bin_ns, bins).round(4).tolist())
+                for n in STAGES if by_name.get(n) and n != names.EPISODE}
+    for cname in (names.ENGINE_ACTIVE_SLOTS, names.ENGINE_WAITING, names.QUEUE_DEPTH):
+        samples = trace.counters.get(cname)
+        if samples:
+            _, pieces = step_series_stats(samples, t0, t1)
+            acc = np.zeros(bins)
+            for s, e, v in pieces:
+                acc += v * binned_concurrency([(s, e)], t0, bin_ns, bins)
+            timeline[cname] = tuple(acc.round(4).tolist())
+
+    fields = dict(
+        run_dir=run_dir, wall_s=wall / 1e9, stages=stages, latencies=tuple(latencies),
+        engine_busy_fraction=engine_busy, engine_full_fraction=engine_full,
+        engine_mean_active=mean_active, engine_mean_waiting=mean_waiting,
+        trainer_busy_fraction=trainer_busy, trainer_wait_fraction=trainer_wait,
+        env_bound_fraction=env_bound, episode_time_shares=_episode_shares(trace),
+        staleness=_staleness(trace, metrics),
+        critical_path={k: v / 1e9 for k, v in sorted(crit_ns.items(), key=lambda kv: -kv[1])},
+        critical_path_spans=crit_count, knobs=knobs,
+        episodes=len(by_name.get(names.EPISODE, ())),
+        train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
+        timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=tuple(notes))
+    bottleneck, verdict, suggestion = decide(fields, by_name, wall)
+    return DoctorReport(bottleneck=bottleneck, verdict=verdict, suggestion=suggestion, **fields)

@@ -1,0 +1,72 @@
+"""Interval arithmetic on (start_ns, end_ns) pairs: unions, overlaps, binned utilisation."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, disjoint union of intervals."""
+    out: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1][1] = end
+        else:
+            out.append([start, end])
+    return [(s, e) for s, e in out]
+
+
+def length(intervals: Iterable[tuple[int, int]]) -> int:
+    """Total length of the union of intervals."""
+    return sum(e - s for s, e in merge(intervals))
+
+
+def difference_length(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> int:
+    """Length of (union a) minus (union b)."""
+    return length(list(a) + list(b)) - length(b)
+
+
+def clip(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def binned_concurrency(intervals: Sequence[tuple[int, int]], t0: int, bin_ns: int,
+                       bins: int) -> np.ndarray:
+    """Average number of active intervals in each of `bins` bins starting at `t0`."""
+    acc = np.zeros(bins, dtype=np.float64)
+    for start, end in intervals:
+        s, e = (start - t0) / bin_ns, (end - t0) / bin_ns
+        s, e = max(s, 0.0), min(e, float(bins))
+        if e <= s:
+            continue
+        first, last = int(s), min(int(np.ceil(e)) - 1, bins - 1)
+        if first == last:
+            acc[first] += e - s
+            continue
+        acc[first] += first + 1 - s
+        acc[first + 1:last] += 1.0
+        acc[last] += e - last
+    return acc
+
+
+def step_series_stats(samples: Sequence[tuple[int, float]], t0: int, t1: int
+                      ) -> tuple[float, Sequence[tuple[int, int, float]]]:
+    """Time-weighted mean of a counter (a step function) over [t0, t1], and its pieces."""
+    pieces = []
+    for i, (ts, value) in enumerate(samples):
+        nxt = samples[i + 1][0] if i + 1 < len(samples) else t1
+        s, e = max(ts, t0), min(nxt, t1)
+        if e > s:
+            pieces.append((s, e, value))
+    total = sum(e - s for s, e, _ in pieces)
+    mean = sum((e - s) * v for s, e, v in pieces) / total if total else 0.0
+    return mean, pieces
+
+
+def percentiles(values: Sequence[float], qs=(50, 95, 99)) -> tuple[float, ...]:
+    if not len(values):
+        return tuple(0.0 for _ in qs)
+    return tuple(float(x) for x in np.percentile(np.asarray(values, dtype=np.float64), qs))

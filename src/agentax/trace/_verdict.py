@@ -1,0 +1,165 @@
+"""Turn the measured fractions into a bottleneck, a plain-words verdict and one suggestion.
+
+Rules, in order (thresholds are deliberately round; the report prints the numbers behind
+them so a reader can disagree):
+
+1. trainer busy >= 80% of its lifetime                    -> `trainer`
+2. producers stalled on max_staleness >= 20% of wall time, and >= 10% of the wall time
+   stalled with no episode in flight (rollouts and training alternate)  -> `staleness`
+3. requests wait for engine slots (mean >= 1) while all slots are busy >= 50% of the time
+                                                          -> `engine_slots`
+4. trainer waits >= 20% and episodes spend >= 40% of their time in env/tool/reward
+                                                          -> `environment`
+5. trainer waits >= 20% otherwise                         -> `model` (generation itself)
+6. otherwise                                              -> `balanced`
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agentax.trace import names
+
+
+def _nice(x: float) -> int:
+    """Round up to a 'nice' knob value (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, ...)."""
+    if x <= 2:
+        return max(1, math.ceil(x))
+    exp = 2 ** math.floor(math.log2(x))
+    for mult in (1.0, 1.5, 2.0):
+        if exp * mult >= x - 1e-9:
+            return int(exp * mult)
+    return int(exp * 2)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def _latency(fields: dict, name: str):
+    for lat in fields["latencies"]:
+        if lat.name == name:
+            return lat
+    return None
+
+
+def _knob(fields: dict, key: str) -> Any:
+    value = fields["knobs"].get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
+    """(bottleneck, verdict, suggestion) from the report fields."""
+    from agentax.trace._intervals import difference_length, length
+
+    busy = fields["trainer_busy_fraction"]
+    wait = fields["trainer_wait_fraction"]
+    stall = length(by_name.get(names.STALENESS_WAIT, [])) / wall
+    # A staleness stall costs throughput only while no rollout work is left in flight.
+    stall_idle = difference_length(by_name.get(names.STALENESS_WAIT, []),
+                                   by_name.get(names.EPISODE, [])) / wall
+    blocked = length(by_name.get(names.PRODUCER_BLOCKED, [])) / wall
+    shares = fields["episode_time_shares"]
+    env_share = sum(shares.get(k, 0.0) for k in ("env", "tool", "reward"))
+    model_share = shares.get("model", 0.0)
+    waiting = fields["engine_mean_waiting"] or 0.0
+    full = fields["engine_full_fraction"] or 0.0
+    active = fields["engine_mean_active"] or 0.0
+    conc = _knob(fields, "max_concurrency")
+    stale = _knob(fields, "max_staleness")
+    slots = _knob(fields, "max_slots")
+    train_lat = _latency(fields, names.TRAIN_STEP)
+
+    if busy is not None and busy >= 0.8:
+        lead = (f"The trainer is the bottleneck: it was busy {_pct(busy)} of its time and "
+                f"producers were blocked on a full queue {_pct(blocked)} of the run")
+        if train_lat:
+            lead += f" (train step p50 {train_lat.p50_s:.2f} s)"
+        if conc and blocked > 0.05:
+            target = _nice(max(1.0, conc * (1.0 - blocked)))
+            tip = (f"make the train step faster (larger micro-batches, fewer padding buckets, "
+                   f"more devices), or lower pipeline.max_concurrency from {conc} to about "
+                   f"{target}: rollouts beyond that only wait for the trainer")
+        else:
+            tip = ("make the train step faster (larger micro-batches, fewer padding buckets, "
+                   "more devices); more rollout concurrency will not help")
+        return "trainer", lead + ".", tip
+
+    if stall >= 0.2 and stall_idle >= 0.1 and (wait is None or wait >= 0.1):
+        lead = (f"Staleness-bound: the collector waited for new weights {_pct(stall)} of the "
+                f"run (max_staleness={stale if stale is not None else '?'}) while the trainer "
+                f"waited for groups {_pct(wait)} of its time; for {_pct(stall_idle)} of the run no "
+                f"episode was in flight: rollouts and training take turns instead of "
+                f"overlapping")
+        step = 1 if stall < 0.35 else 2
+        if stale is not None:
+            tip = (f"raise pipeline.max_staleness from {stale} to {stale + step} (off-policy "
+                   f"correction keeps the update sound)")
+        else:
+            tip = f"raise pipeline.max_staleness by {step}"
+        return "staleness", lead + ".", tip
+
+    if waiting >= 1.0 and full >= 0.5 and model_share >= 0.3:
+        lat = _latency(fields, names.MODEL_CALL)
+        lead = (f"Too few engine slots: all slots were busy {_pct(full)} of the run and on "
+                f"average {waiting:.1f} requests waited for one; model calls took "
+                f"{_pct(model_share)} of episode time")
+        if lat:
+            lead += f" (model call p50 {lat.p50_s:.2f} s, p99 {lat.p99_s:.2f} s)"
+        have = slots if slots is not None else (active or 1.0)
+        target = _nice(have + waiting)
+        tip = (f"raise engine.max_slots from {slots if slots is not None else round(have)} to "
+               f"about {target} (KV-cache memory grows with it); if memory is short, lower "
+               f"pipeline.max_concurrency instead so requests stop queueing")
+        return "engine_slots", lead + ".", tip
+
+    if wait is not None and wait >= 0.2 and env_share >= 0.4:
+        parts = {k: shares.get(k, 0.0) for k in ("env", "tool", "reward")}
+        worst = max(parts, key=parts.get)
+        span_name = {"env": names.ENV_STEP, "tool": names.TOOL_CALL, "reward": names.REWARD}[worst]
+        lat = _latency(fields, span_name)
+        lead = (f"Environment-bound: the trainer waited {_pct(wait)} of its time for groups; "
+                f"episodes spent {_pct(env_share)} of their time in environment steps, tools "
+                f"and rewards")
+        if lat:
+            lead += f"; {span_name.replace('_', ' ')} p50 is {lat.p50_s:.2f} s, p99 {lat.p99_s:.2f} s"
+        factor = min(4.0, 1.0 / max(busy or 0.0, 0.25))
+        if conc:
+            target = _nice(conc * factor)
+            tip = f"raise pipeline.max_concurrency from {conc} to about {target}"
+            if slots is not None and target > slots:
+                tip += f" (and engine.max_slots from {slots} to about {target})"
+            tip += " so more episodes overlap their environment waits"
+            if stall >= 0.2 and stale is not None:
+                tip += (f"; the collector also waited for weights {_pct(stall)} of the run, so "
+                        f"raise pipeline.max_staleness from {stale} to {stale + 1} with it")
+            if factor >= 4.0:
+                tip += "; then run the doctor again"
+        else:
+            tip = f"raise pipeline.max_concurrency about {factor:.1f}x"
+        if lat and lat.p50_s > 0 and lat.p99_s > 4 * lat.p50_s:
+            tip += f"; the {span_name} tail is long (p99 {lat.p99_s / lat.p50_s:.0f}x p50): set a timeout"
+        return "environment", lead + ".", tip
+
+    if wait is not None and wait >= 0.2:
+        lat = _latency(fields, names.MODEL_CALL)
+        lead = (f"Generation-bound: the trainer waited {_pct(wait)} of its time; episodes "
+                f"spent {_pct(model_share)} of their time in model calls and the engine was "
+                f"busy {_pct(fields['engine_busy_fraction'])}")
+        if lat:
+            lead += f" (model call p50 {lat.p50_s:.2f} s)"
+        if conc and slots and conc < slots:
+            tip = (f"the engine has free slots: raise pipeline.max_concurrency from {conc} to "
+                   f"about {_nice(min(slots, conc * 2))}")
+        else:
+            tip = ("shorten generations (max_tokens) or give the engine more devices; raising "
+                   "concurrency only helps while engine slots are free")
+        return "model", lead + ".", tip
+
+    if busy is None:
+        return ("unknown", "No train steps were traced, so the doctor cannot tell what the "
+                "trainer waited for.", "instrument the trainer with train_step and "
+                "trainer_wait spans (agentax.trace.names)")
+    return ("balanced", f"No single bottleneck: the trainer was busy {_pct(busy)} of its time "
+            f"and waited {_pct(wait)}.", "nothing to change; raise the load to find the next limit")
