@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The code sandbox (agentax.tools.Sandbox) confines programs with bubblewrap; setpriv and prlimit
+# come from util-linux. Installed only when running as root (otherwise ask an admin).
+if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq bubblewrap util-linux >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
