@@ -16,6 +16,7 @@ from typing import Any
 
 from agentax.agents._base import Agent
 from agentax.records import Action, Message
+from agentax.text import get_tool_parser, parse_tool_calls
 
 __all__ = ["ToolAgent", "tool_schemas"]
 
@@ -63,8 +64,6 @@ class ToolAgent(Agent):
             raise ValueError("ToolAgent needs at least one tool; use ModelAgent for plain chat")
         self.tool_names = frozenset(s["function"]["name"] for s in self._schemas)
         self.tool_format = tool_format
-        from agentax.text import get_tool_parser
-
         get_tool_parser(tool_format)  # fail now, with the text team's message, on a bad name
         self._calls_made = 0
         self._last_content = ""
@@ -74,8 +73,6 @@ class ToolAgent(Agent):
         return [dict(s) for s in self._schemas]
 
     def parse_reply(self, reply: str) -> Action:
-        from agentax.text import parse_tool_calls
-
         parsed = parse_tool_calls(reply, fmt=self.tool_format)
         self._last_content = parsed.content
         calls = []

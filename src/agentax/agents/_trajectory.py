@@ -23,9 +23,10 @@ How the observation suffix is found (the rule documented in docs/agents.md):
    then equals, id for id, what the chat template renders for the same conversation.
 2. *Divergent* templates rewrite earlier turns (Qwen3 drops the reasoning of earlier assistant
    turns; Llama 3 trims whitespace). The stream is NOT rewritten: the training stream is what
-   the model saw and generated. The suffix is the template's end-of-turn text after the
-   model's last token, plus the new messages rendered after a neutral one-message history.
-   Each divergence is recorded in `Trajectory.info["template_divergence"]` (turn, character
+   the model saw and generated. The suffix is what the template writes after the *same-
+   numbered* end-of-turn token (`agentax.text.render_continuation`): the rest of the turn end,
+   the new messages, the generation prompt. A reply cut by max_tokens gets the template's
+   end-of-turn token from the suffix (mask 0). Each divergence is recorded in `Trajectory.info["template_divergence"]` (turn, character
    offset, the two texts around it) and counted in `info["template_divergences"]`.
 """
 
@@ -47,14 +48,10 @@ from agentax.records import (
     TrajectoryStatus,
     Turn,
 )
+from agentax.text import render_continuation
 
 __all__ = ["TrajectoryBuilder", "decode_reply"]
 
-_SENTINEL = "\u2063agentax-turn-end\u2063"
-_NEUTRAL_HISTORIES = (
-    (Message(role="user", content="x"),),
-    (Message(role="user", content="x"), Message(role="assistant", content="y")),
-)
 
 
 def decode_reply(tokenizer: Any, token_ids: Sequence[int] | np.ndarray, *, stop_ids: Sequence[int] = ()) -> str:
@@ -111,7 +108,6 @@ class TrajectoryBuilder:
         self._turns: list[_Turn] = []
         self._pending_prompt: np.ndarray | None = None
         self._divergences: list[dict[str, Any]] = []
-        self._turn_end: str | None = None
         self._started = False
 
     # ------------------------------------------------------------------ rendering
@@ -133,32 +129,6 @@ class TrajectoryBuilder:
         self._mask.append(np.full(n, mask, dtype=np.int8))
         self._logprobs.append(np.zeros(n, np.float32) if logprobs is None else np.asarray(logprobs, np.float32))
         self._versions.append(np.full(n, -1, np.int32) if versions is None else np.asarray(versions, np.int32))
-
-    def _template_turn_end(self) -> str:
-        """What the template writes after an assistant message's content ("<|im_end|>\\n")."""
-        if self._turn_end is None:
-            probe = self._render(
-                [Message(role="user", content="x"), Message(role="assistant", content=_SENTINEL)],
-                add_generation_prompt=False,
-            )
-            pos = probe.rfind(_SENTINEL)
-            self._turn_end = probe[pos + len(_SENTINEL) :] if pos >= 0 else ""
-        return self._turn_end
-
-    def _neutral_suffix(self, new: Sequence[Message]) -> str:
-        """The new messages + generation prompt, rendered after a neutral history."""
-        for history in _NEUTRAL_HISTORIES:
-            try:
-                base = self._render(history, add_generation_prompt=False)
-                full = self._render([*history, *new], add_generation_prompt=True)
-            except Exception:  # noqa: BLE001 - some templates insist on role alternation
-                continue
-            if full.startswith(base):
-                return full[len(base) :]
-        raise RuntimeError(
-            "the chat template renders these observation messages differently depending on the "
-            f"history, so no suffix can be appended token-exactly (roles {[m.role for m in new]})"
-        )
 
     # ------------------------------------------------------------------ the episode
 
@@ -232,16 +202,16 @@ class TrajectoryBuilder:
         full = self._render([*self._messages, *new], add_generation_prompt=True)
         if full.startswith(self._text):
             suffix = full[len(self._text) :]
+            ids = self._encode(suffix)
         else:
-            suffix = self._divergent_suffix(full, new)
-        ids = self._encode(suffix)
+            suffix, ids = self._divergent_suffix(full, new)
         self._append(ids, 0)
         self._text += suffix
         self._messages.extend(new)
         self._pending_prompt = ids
         return ids
 
-    def _divergent_suffix(self, full: str, new: Sequence[Message]) -> str:
+    def _divergent_suffix(self, full: str, new: Sequence[Message]) -> tuple[str, np.ndarray]:
         at = _common_prefix_len(full, self._text)
         self._divergences.append(
             {
@@ -252,14 +222,26 @@ class TrajectoryBuilder:
                 "rule": "kept_generated_stream",
             }
         )
-        turn_end = self._template_turn_end()
         last = self._turns[-1].completion
         last_id = int(last.token_ids[-1]) if last is not None and last.num_tokens else None
-        if last_id is not None and (last_id in tuple(self.tokenizer.eos_token_ids) or last_id in self.stop_ids):
-            eos_text = self.tokenizer.decode([last_id], skip_special_tokens=False)
-            if turn_end.startswith(eos_text):
-                turn_end = turn_end[len(eos_text) :]
-        return turn_end + self._neutral_suffix(new)
+        ended = last_id is not None and (last_id in tuple(self.tokenizer.eos_token_ids) or last_id in self.stop_ids)
+        try:
+            # Cut after the same-numbered end-of-turn token (agentax.text's rule).
+            ids = render_continuation(
+                self.tokenizer,
+                self._messages,
+                new,
+                tools=self.tools,
+                assistant_ended=ended,
+                **self.template_kwargs,
+            )
+        except ValueError as e:
+            raise ValueError(
+                f"this chat template cannot be continued token-exactly ({e}); use a template that "
+                "ends every turn with an end-of-turn token from tokenizer.eos_token_ids"
+            ) from e
+        ids = np.asarray(ids, dtype=np.int32)
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False), ids
 
     def build(
         self,
