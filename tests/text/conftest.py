@@ -32,14 +32,25 @@ CORPUS = [
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nEnvironment: ipython\n",
     "Given the following functions, please respond with a JSON for a function call.",
     "ünïcödé tèxt — 日本語のテキスト — emoji 🙂 and numbers 1234567890",
+    "\n\n".join(["Paragraph"] * 30),  # so that "\n\n" becomes one token, as in real vocabularies
 ] + [p.read_text() for p in sorted(TEMPLATES.glob("*.jinja"))]
 
 
-def _train(special: list[str], added: list[str], bos: str | None):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+# The pre-tokenizer split patterns of the real tokenizer.json files (Qwen2 / Llama 3 families).
+QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+LLAMA_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def _train(special: list[str], added: list[str], bos: str | None, split: str):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=600, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
@@ -65,7 +76,7 @@ def _save(directory: Path, tok, template: str, generation: dict, **special) -> P
 
 @pytest.fixture(scope="session")
 def qwen25_dir(tmp_path_factory) -> Path:
-    tok = _train(QWEN_SPECIAL, QWEN_ADDED, None)
+    tok = _train(QWEN_SPECIAL, QWEN_ADDED, None, QWEN_SPLIT)
     return _save(
         tmp_path_factory.mktemp("qwen25"),
         tok,
@@ -78,7 +89,7 @@ def qwen25_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen3_dir(tmp_path_factory) -> Path:
-    tok = _train(QWEN_SPECIAL, QWEN_ADDED, None)
+    tok = _train(QWEN_SPECIAL, QWEN_ADDED, None, QWEN_SPLIT)
     return _save(
         tmp_path_factory.mktemp("qwen3"),
         tok,
@@ -91,7 +102,7 @@ def qwen3_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def llama31_dir(tmp_path_factory) -> Path:
-    tok = _train(LLAMA_SPECIAL, [], "<|begin_of_text|>")
+    tok = _train(LLAMA_SPECIAL, [], "<|begin_of_text|>", LLAMA_SPLIT)
     ids = [tok.token_to_id(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")]
     return _save(
         tmp_path_factory.mktemp("llama31"),
