@@ -1,0 +1,254 @@
+"""State shared by `RLTrainer` and `SFTTrainer`: the split model, optimizer, mesh, counters.
+
+The trainer owns a private copy of the model's parameters (the train step donates its buffers,
+so the caller's model is never invalidated). Trainable parameters are all `nnx.Param`s, or
+only the `nnx.LoRAParam`s when LoRA is on; everything else is frozen `rest`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from agentax.models import Transformer
+from agentax.train._batch import Batch, HostSequence, MicroBatch, build_micro_batches
+from agentax.train._config import TrainerConfig
+from agentax.train._lora import apply_lora, merge_lora
+from agentax.train._optim import make_optimizer, make_schedule
+from agentax.train._sharding import (
+    DEFAULT_PARTITION_RULES,
+    batch_sharding,
+    data_parallel_size,
+    shard_params,
+)
+from agentax.train._step import (
+    SUM_METRICS,
+    CompileCounter,
+    GraphDefs,
+    LossSpec,
+    accumulate_grads,
+    apply_update,
+)
+
+__all__ = ["TrainerBase", "ValueHead"]
+
+
+class ValueHead(nnx.Module):
+    """PPO critic: a linear map from the policy's final hidden states to one value per token."""
+
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs):
+        self.proj = nnx.Linear(hidden_size, 1, kernel_init=nnx.initializers.zeros_init(),
+                               rngs=rngs)
+
+    def __call__(self, hidden_btd: jax.Array) -> jax.Array:
+        return self.proj(hidden_btd.astype(jnp.float32))[..., 0]  # [B, T]
+
+
+def _copy(tree):
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+class TrainerBase:
+    """Holds params / optimizer / mesh and runs accumulate + apply over micro-batches."""
+
+    _kind = "base"
+
+    def __init__(self, model: Transformer, config: TrainerConfig, *, mesh: Mesh | None = None,
+                 partition_rules=DEFAULT_PARTITION_RULES, value_head: bool = False):
+        if not isinstance(model, Transformer):
+            raise TypeError(f"model must be an agentax.models.Transformer, got {type(model)}")
+        self.config = config
+        self.mesh = mesh
+        self.partition_rules = tuple(partition_rules)
+        self.model_config = model.config
+        rngs = nnx.Rngs(config.seed)
+        self._rng = jax.random.key(config.seed)
+        work = self._working_copy(model)
+        if config.lora is not None:
+            apply_lora(work, config.lora, rngs=rngs)
+        trainable = nnx.LoRAParam if config.lora is not None else nnx.Param
+        graphdef, params, rest = nnx.split(work, trainable, ...)
+        tree = {"model": params}
+        value_gd = None
+        if value_head:
+            value_gd, value_params = nnx.split(ValueHead(model.config.hidden_size, rngs=rngs))
+            tree["value"] = value_params
+        self._graphdefs = GraphDefs(model=graphdef, value=value_gd)
+        self._plain_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(model.config)))[0]
+        if mesh is not None:
+            tree = shard_params(tree, mesh, self.partition_rules)
+            rest = shard_params(rest, mesh, self.partition_rules)
+        self._params, self._rest = tree, rest
+        self._tx = make_optimizer(config)
+        self._schedule = make_schedule(config)
+        self._opt_state = jax.jit(self._tx.init)(self._params)
+        self._acc = jax.jit(lambda p: {"grads": jax.tree.map(jnp.zeros_like, p),
+                                       "loss": jnp.zeros((), jnp.float32)})(self._params)
+        self._batch_sharding = batch_sharding(mesh) if mesh is not None else None
+        self._row_multiple = data_parallel_size(mesh)
+        self._compiles = CompileCounter()
+        self.step_count = 0
+        """Optimizer updates applied (skipped updates do not count)."""
+        self.num_skipped_steps = 0
+        """Steps whose update was skipped (non-finite loss/grads, or nothing to train)."""
+        self.data_position = 0
+        """How many groups (RL) or examples (SFT) the trainer has consumed; checkpointed."""
+
+    # ------------------------------------------------------------------ model copies
+
+    def _working_copy(self, model: Transformer) -> Transformer:
+        graphdef, state = nnx.split(model)
+        state = _copy(state)
+        dtype = self.config.compute_dtype
+        if dtype is not None and dtype != model.config.dtype:
+            cfg = dataclasses.replace(model.config, dtype=dtype)
+            graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg)))[0]
+        return nnx.merge(graphdef, state)
+
+    @property
+    def model(self) -> Transformer:
+        """The current policy as a module (with LoRA adapters when on), on fresh buffers."""
+        return nnx.merge(self._graphdefs.model, _copy(self._params["model"]), _copy(self._rest))
+
+    def params_for_engine(self, dtype=None) -> nnx.State:
+        """Parameter state of a plain `Transformer(model_config)`: LoRA merged, fresh buffers.
+
+        Safe to hand to an engine: the next train step does not invalidate it. `dtype` casts
+        floating leaves (e.g. jnp.bfloat16 for serving). Merge it with the engine's graphdef:
+        `nnx.merge(nnx.split(engine_model)[0], state)` or `nnx.update(engine_model, state)`.
+        """
+        full = nnx.merge_state(self._params["model"], self._rest) if self._rest else \
+            self._params["model"]
+        state = merge_lora(full) if self.config.lora is not None else _copy(full)
+        if dtype is not None:
+            state = jax.tree.map(
+                lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+        return state
+
+    def export_model(self) -> Transformer:
+        """A plain `Transformer` (LoRA merged, original compute dtype) for export or eval."""
+        return nnx.merge(self._plain_graphdef, self.params_for_engine())
+
+    @property
+    def num_compiles(self) -> int:
+        """Distinct compiled shapes of this trainer's jitted kernels so far."""
+        return self._compiles.count
+
+    @property
+    def compiles_by_kernel(self) -> dict[str, int]:
+        return self._compiles.by_kernel()
+
+    @property
+    def learning_rate(self) -> float:
+        """Learning rate of the next update."""
+        return float(self._schedule(self.step_count))
+
+    def num_params(self, trainable_only: bool = True) -> int:
+        tree = self._params if trainable_only else (self._params, self._rest)
+        return int(sum(x.size for x in jax.tree.leaves(tree)))
+
+    # ------------------------------------------------------------------ batches
+
+    def _micro_batches(self, seqs: Sequence[HostSequence], *, with_rl: bool) -> list[MicroBatch]:
+        c = self.config
+        return build_micro_batches(
+            seqs, micro_batch_size=max(c.micro_batch_size, self._row_multiple),
+            max_seq_len=c.max_seq_len, min_seq_bucket=c.min_seq_bucket,
+            seq_bucket_multiple=c.seq_bucket_multiple, pack=c.pack, pack_length=c.pack_length,
+            row_multiple=self._row_multiple, with_rl=with_rl)
+
+    def _put(self, tree):
+        if self._batch_sharding is None:
+            return jax.device_put(tree)
+        return jax.device_put(tree, self._batch_sharding)
+
+    def _cut(self, ids, *arrays):
+        """Cuts a sequence to max_seq_len + 1 tokens; returns (cut arrays, was_cut)."""
+        limit = self.config.max_seq_len + 1
+        cut = ids.shape[0] > limit
+        return tuple(None if a is None else a[:limit] for a in (ids, *arrays)), cut
+
+    # ------------------------------------------------------------------ update
+
+    def _run_update(self, batches: Sequence[Batch], counts, spec: LossSpec):
+        """Accumulates over `batches` and applies one update; returns device results."""
+        metrics = []
+        for batch in batches:
+            self._compiles.record("accumulate_grads", spec, batch)
+            self._acc, m = accumulate_grads(self._graphdefs, self._params, self._rest, batch,
+                                            counts, self._acc, spec=spec)
+            metrics.append(m)
+        self._compiles.record("apply_update", None)
+        self._params, self._opt_state, self._acc, stats = apply_update(
+            self._params, self._opt_state, self._acc, counts["tokens"], tx=self._tx)
+        return metrics, stats
+
+    @staticmethod
+    def _combine(metrics: list[dict], total_tokens: float) -> dict[str, float]:
+        """Micro-batch metrics (host) -> batch metrics: sums, maxima, token-weighted means."""
+        out: dict[str, float] = {}
+        keys = {k for m in metrics for k in m}
+        for k in keys:
+            vals = [(float(m[k]), float(m.get("num_tokens", 0.0))) for m in metrics if k in m]
+            if k in SUM_METRICS:
+                out[k] = sum(v for v, _ in vals)
+            elif k.endswith("_max"):
+                out[k] = max(v for v, _ in vals)
+            else:
+                w = sum(n for _, n in vals)
+                out[k] = sum(v * n for v, n in vals) / w if w > 0 else 0.0
+        return out
+
+    @staticmethod
+    def _counts(batches_host: Sequence[MicroBatch]) -> dict[str, np.float32]:
+        tokens = sum(mb.num_trained_tokens for mb in batches_host)
+        seqs = 0
+        for mb in batches_host:
+            sid = mb.sample_ids[mb.batch.loss_mask > 0]
+            seqs += len(np.unique(sid))
+        return {"tokens": np.float32(tokens), "seqs": np.float32(seqs)}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_state(self):
+        return {"params": self._params, "opt_state": self._opt_state,
+                "rng": jax.random.key_data(self._rng)}
+
+    def _checkpoint_meta(self) -> dict:
+        from agentax.config import to_dict
+        return {"kind": self._kind, "step_count": self.step_count,
+                "num_skipped_steps": self.num_skipped_steps,
+                "data_position": self.data_position,
+                "model_config": to_dict(self.model_config),
+                "lora": None if self.config.lora is None else to_dict(self.config.lora)}
+
+    def _load_checkpoint(self, state, meta: dict) -> None:
+        self._params, self._opt_state = state["params"], state["opt_state"]
+        self._rng = jax.random.wrap_key_data(jnp.asarray(state["rng"]))
+        self.step_count = int(meta["step_count"])
+        self.num_skipped_steps = int(meta["num_skipped_steps"])
+        self.data_position = int(meta["data_position"])
+
+    def save_checkpoint(self, directory, step: int | None = None):
+        """Writes params, optimizer state, RNG and counters to `directory/step_<step>`.
+
+        Returns the path written. `step` defaults to the number of applied updates.
+        """
+        from agentax.train._checkpoint import save_trainer_checkpoint
+        return save_trainer_checkpoint(self, directory, self.step_count if step is None else step)
+
+    def restore_checkpoint(self, directory, step: int | None = None) -> int:
+        """Restores the latest (or the given) checkpoint under `directory`; returns its step.
+
+        Raises:
+          FileNotFoundError: no checkpoint there.
+          ValueError: the checkpoint is from a different model / LoRA setup / trainer kind.
+        """
+        from agentax.train._checkpoint import restore_trainer_checkpoint
+        return restore_trainer_checkpoint(self, directory, step)

@@ -1,0 +1,179 @@
+"""`SFTTrainer`: masked next-token cross-entropy on chat data (multi-turn assistant masks).
+
+Examples are (token_ids, loss_mask) pairs, or any object with `token_ids` and
+`assistant_mask` (agentax.text's `RenderedConversation`), or `Trajectory`s. The loss is the
+mean negative log-likelihood over masked tokens of the whole batch (micro-batches accumulate
+exactly). `step` does not wait for the device: it returns `SFTMetrics` holding device scalars,
+fetched only when you read them, so a loop of steps runs back to back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from agentax.models import Transformer
+from agentax.train._base import TrainerBase
+from agentax.train._batch import HostSequence
+from agentax.train._config import TrainerConfig
+from agentax.train._sharding import DEFAULT_PARTITION_RULES
+from agentax.train._step import LossSpec
+
+__all__ = ["SFTTrainer", "SFTMetrics", "sft_examples"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTMetrics:
+    """Result of one SFT step. Array fields are device scalars; `to_dict()` fetches them."""
+
+    step: int
+    """Optimizer updates applied before this step."""
+    loss: Any
+    """Mean NLL over the batch's masked tokens (device scalar)."""
+    accuracy: Any
+    """Fraction of masked tokens whose argmax equals the target (device scalar)."""
+    grad_norm: Any
+    applied: Any
+    """Device bool: False when the update was skipped (non-finite loss/grads)."""
+    num_tokens: int
+    num_positions: int
+    num_micro_batches: int
+    truncated_sequences: int = 0
+
+    def to_dict(self) -> dict[str, float]:
+        loss, acc, gn, ok = jax.device_get((self.loss, self.accuracy, self.grad_norm,
+                                            self.applied))
+        return {"step": self.step, "loss": float(loss), "accuracy": float(acc),
+                "grad_norm": float(gn), "skipped": not bool(ok), "num_tokens": self.num_tokens,
+                "num_positions": self.num_positions}
+
+
+def _as_sequence(ex) -> HostSequence:
+    if isinstance(ex, tuple) and len(ex) == 2:
+        ids, mask = ex
+    elif hasattr(ex, "assistant_mask"):
+        ids, mask = ex.token_ids, ex.assistant_mask
+    elif hasattr(ex, "loss_mask") and hasattr(ex, "token_ids"):
+        ids, mask = ex.token_ids, ex.loss_mask
+    else:
+        raise TypeError(f"an SFT example must be (token_ids, loss_mask), a RenderedConversation "
+                        f"or a Trajectory; got {type(ex).__name__}")
+    ids = np.asarray(ids, np.int32)
+    mask = np.asarray(mask, np.float32)
+    if ids.ndim != 1 or ids.shape != mask.shape:
+        raise ValueError(f"SFT example token_ids {ids.shape} and loss_mask {mask.shape} must be "
+                         "1-D and of equal length")
+    return HostSequence(token_ids=ids, loss_mask=mask)
+
+
+def sft_examples(tokenizer, conversations: Iterable[Sequence[Any]], *, tools=None):
+    """Renders chat conversations into SFT examples with agentax.text.render_conversation.
+
+    Args:
+      tokenizer: an agentax.text tokenizer (e.g. ByteTokenizer()).
+      conversations: each a list of messages (dicts or `Message`s).
+      tools: OpenAI tool dicts listed in the system prompt.
+    Returns:
+      list of `RenderedConversation` (token_ids + assistant_mask), accepted by `step`.
+    """
+    try:
+        from agentax.text import render_conversation
+    except ImportError as e:  # the text team's function; say what is missing
+        raise ImportError("sft_examples needs agentax.text.render_conversation; pass "
+                          "(token_ids, loss_mask) pairs to SFTTrainer.step instead") from e
+    return [render_conversation(tokenizer, list(c), tools=tools) for c in conversations]
+
+
+class SFTTrainer(TrainerBase):
+    """Supervised fine-tuning with the same optimizer, buckets, LoRA, mesh and checkpoints."""
+
+    _kind = "sft"
+
+    def __init__(self, model: Transformer, config: TrainerConfig | None = None, *,
+                 mesh: Mesh | None = None, partition_rules=DEFAULT_PARTITION_RULES):
+        super().__init__(model, config or TrainerConfig(), mesh=mesh,
+                         partition_rules=partition_rules)
+        self._spec = LossSpec(mode="sft")
+        self._pending: list = []  # device skip flags of steps not yet synced
+
+    def step(self, examples: Sequence[Any]) -> SFTMetrics:
+        """One optimizer update on `examples` (see module docstring for accepted forms).
+
+        Raises:
+          ValueError: no examples, or no example has a masked token after the first.
+        """
+        examples = list(examples)
+        if not examples:
+            raise ValueError("SFTTrainer.step got no examples")
+        seqs, truncated = [], 0
+        for ex in examples:
+            s = _as_sequence(ex)
+            (ids, mask), cut = self._cut(s.token_ids, s.loss_mask)
+            truncated += cut
+            seqs.append(HostSequence(token_ids=ids, loss_mask=mask))
+        mbs = self._micro_batches(seqs, with_rl=False)
+        counts = self._counts(mbs)
+        if counts["tokens"] == 0:
+            raise ValueError("no SFT example has a trained token (loss_mask is 0 everywhere "
+                             "after the first token); check the assistant masks")
+        self.data_position += len(examples)
+        dev_counts = {k: jnp.asarray(v) for k, v in counts.items()}
+        batches = [self._put(mb.batch) for mb in mbs]
+        metrics, stats = self._run_update(batches, dev_counts, self._spec)
+        step = self.step_count
+        # Counted without a host sync; `sync_counters` later removes skipped updates.
+        self.step_count += 1
+        self._pending.append(stats["applied"])
+        correct = sum(m["correct"] for m in metrics)
+        return SFTMetrics(step=step, loss=stats["loss"], accuracy=correct / counts["tokens"],
+                          grad_norm=stats["grad_norm"], applied=stats["applied"],
+                          num_tokens=int(counts["tokens"]),
+                          num_positions=int(sum(mb.batch.input_ids.size for mb in mbs)),
+                          num_micro_batches=len(mbs), truncated_sequences=truncated)
+
+    def sync_counters(self) -> None:
+        """Fetches the skip flags of past steps and corrects step_count / num_skipped_steps."""
+        if self._pending:
+            flags = jax.device_get(self._pending)
+            skipped = sum(not bool(f) for f in flags)
+            self.step_count -= skipped
+            self.num_skipped_steps += skipped
+            self._pending.clear()
+
+    def fit(self, examples: Sequence[Any], *, batch_size: int, num_steps: int,
+            log_every: int = 0, log=print) -> list[dict[str, float]]:
+        """Runs `num_steps` steps over `examples` in order (cycling), from `data_position`.
+
+        Resuming from a checkpoint continues with the same examples. Returns the metrics of
+        every `log_every`-th step (fetched then; 0 = only the last step).
+        """
+        if not examples:
+            raise ValueError("SFTTrainer.fit got no examples")
+        history = []
+        last = None
+        t0 = time.perf_counter()
+        for i in range(num_steps):
+            start = self.data_position % len(examples)
+            idx = [(start + j) % len(examples) for j in range(batch_size)]
+            last = self.step([examples[j] for j in idx])
+            if log_every and (i + 1) % log_every == 0:
+                d = last.to_dict() | {"elapsed_s": time.perf_counter() - t0}
+                history.append(d)
+                if log is not None:
+                    log(f"sft step {d['step'] + 1}: loss {d['loss']:.4f} "
+                        f"acc {d['accuracy']:.3f} ({d['elapsed_s']:.1f}s)")
+        if last is not None and not log_every:
+            history.append(last.to_dict() | {"elapsed_s": time.perf_counter() - t0})
+        self.sync_counters()
+        return history
+
+    def _checkpoint_meta(self) -> dict:
+        self.sync_counters()
+        return super()._checkpoint_meta()

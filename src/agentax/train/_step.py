@@ -1,0 +1,219 @@
+"""Jitted kernels of the trainers (module-level functions; the trainer classes only call them).
+
+* `accumulate_grads` — loss and gradients of one micro-batch, added to a running sum.
+* `apply_update` — one optimizer update from the summed gradients, skipped (params and
+  optimizer state kept) when the loss or the gradient norm is not finite or no token trained.
+* `score_tokens` — logprobs of the targets (and value-head outputs) without gradients: the
+  proximal policy before an update, or the frozen reference policy.
+* `compute_advantages` — an `agentax.algos` advantage estimator by name, on the
+  one-sequence-per-row layout.
+
+Losses are normalised by counts over the whole optimizer batch (`global_count`), so the sum
+of micro-batch gradients equals the gradient of the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentax import algos
+from agentax.train._batch import Batch
+
+__all__ = ["LossSpec", "GraphDefs", "CompileCounter", "accumulate_grads", "apply_update",
+           "score_tokens", "compute_advantages", "SUM_METRICS"]
+
+# Metrics that are already normalised by the whole-batch count: micro-batch values add up.
+SUM_METRICS = frozenset({"loss", "pg_loss", "kl", "vf_loss", "entropy", "nll", "num_tokens",
+                         "num_seqs", "correct"})
+
+
+class GraphDefs(NamedTuple):
+    """Static structure of the trained modules (hashable; a static jit argument)."""
+
+    model: Any
+    value: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+    """Static description of the loss (hashable; a static jit argument)."""
+
+    mode: str = "rl"  # "rl" | "sft"
+    policy_loss: str = "ppo"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float | None = None
+    dual_clip_c: float | None = None
+    off_policy: str = "none"
+    is_cap: float | None = None
+    agg_mode: str = "token-mean"
+    agg_norm: float | None = None
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    value_coef: float = 0.0
+    value_clip_eps: float | None = 0.2
+
+
+class CompileCounter:
+    """Counts the distinct (kernel, static args, argument shapes) a trainer has dispatched.
+
+    Each distinct key is one XLA compilation of that kernel (jit caches by exactly these).
+    """
+
+    def __init__(self) -> None:
+        self.keys: set = set()
+
+    def record(self, name: str, static: Any, *trees) -> None:
+        leaves, treedef = jax.tree.flatten(trees)
+        sig = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+        self.keys.add((name, static, str(treedef), sig))
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+    def by_kernel(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for k in self.keys:
+            out[k[0]] = out.get(k[0], 0) + 1
+        return out
+
+
+def _forward(graphdefs: GraphDefs, params, rest, batch: Batch):
+    """(logits [B, T, V] float32, values [B, T] or None)."""
+    model = nnx.merge(graphdefs.model, params["model"], rest)
+    hidden = model.hidden(batch.input_ids, batch.positions, batch.segment_ids)  # [B, T, D]
+    logits = model.logits(hidden)
+    values = None
+    if graphdefs.value is not None and "value" in params:
+        head = nnx.merge(graphdefs.value, params["value"])
+        values = head(hidden)
+    return logits, values
+
+
+def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, spec: LossSpec):
+    logits, values = _forward(graphdefs, params, rest, batch)
+    logp = algos.gather_logprobs(logits, batch.target_ids)  # [B, T]
+    mask = batch.loss_mask
+    num_tokens = jnp.sum(mask)
+    if spec.mode == "sft":
+        loss = algos.aggregate_loss(-logp, mask, mode="token-mean", global_count=counts["tokens"])
+        correct = jnp.sum(jnp.where(mask > 0, jnp.argmax(logits, -1) == batch.target_ids, False))
+        return loss, {"loss": loss, "nll": loss, "correct": correct.astype(jnp.float32),
+                      "num_tokens": num_tokens}
+    count = counts["tokens"] if spec.agg_mode == "token-mean" else counts["seqs"]
+    agg = dict(agg_mode=spec.agg_mode, agg_norm=spec.agg_norm, global_count=count)
+    if batch.proximal_logprobs is not None:
+        proximal = batch.proximal_logprobs
+    else:  # one update per batch: the proximal policy is the current one, before the update
+        proximal = jax.lax.stop_gradient(logp)
+    common = dict(logp_bt=logp, proximal_logp_bt=proximal, advantages_bt=batch.advantages,
+                  loss_mask_bt=mask, clip_eps_low=spec.clip_eps_low, **agg)
+    if spec.policy_loss == "ppo":
+        loss, metrics = algos.ppo_policy_loss(
+            **common, behaviour_logp_bt=batch.behaviour_logprobs,
+            clip_eps_high=spec.clip_eps_high, dual_clip_c=spec.dual_clip_c,
+            off_policy=spec.off_policy, is_cap=spec.is_cap)
+    else:
+        eps_high = spec.clip_eps_low if spec.clip_eps_high is None else spec.clip_eps_high
+        loss, metrics = algos.gspo_policy_loss(**common, clip_eps_high=eps_high)
+    metrics = dict(metrics)
+    if spec.entropy_coef > 0:
+        ent_loss, ent = algos.entropy_bonus(logits_btv=logits, loss_mask_bt=mask,
+                                            coef=spec.entropy_coef, **agg)
+        loss = loss + ent_loss
+        metrics.update(ent)
+    else:
+        ent_bt = algos.token_entropy(jax.lax.stop_gradient(logits))
+        metrics["entropy"] = algos.aggregate_loss(ent_bt, mask, mode=spec.agg_mode,
+                                                  norm=spec.agg_norm, global_count=count)
+    if spec.kl_coef > 0 and batch.ref_logprobs is not None:
+        kl, kl_metrics = algos.kl_loss(logp_bt=logp, ref_logp_bt=batch.ref_logprobs,
+                                       loss_mask_bt=mask, kind=spec.kl_estimator, **agg)
+        loss = loss + spec.kl_coef * kl
+        metrics.update(kl_metrics)
+    if values is not None:
+        vf, vf_metrics = algos.value_loss(values_bt=values, old_values_bt=batch.old_values,
+                                          returns_bt=batch.returns, loss_mask_bt=mask,
+                                          clip_eps=spec.value_clip_eps, **agg)
+        loss = loss + spec.value_coef * vf
+        metrics.update(vf_metrics)
+    metrics["loss"] = loss
+    metrics["num_tokens"] = num_tokens
+    return loss, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("graphdefs", "spec"), donate_argnames=("acc",))
+def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, acc, *,
+                     spec: LossSpec):
+    """Adds one micro-batch's gradients and loss to `acc` = {"grads", "loss"}.
+
+    Args:
+      params: trainable state {"model": ..., ["value": ...]}; rest: frozen model state.
+      batch: the micro-batch on device.
+      counts: {"tokens", "seqs"} float32 scalars over the whole optimizer batch.
+    Returns:
+      (new acc, this micro-batch's metrics dict of scalars).
+    """
+    (loss, metrics), grads = jax.value_and_grad(_loss, has_aux=True)(
+        params, rest, graphdefs, batch, counts, spec)
+    new = {"grads": jax.tree.map(jnp.add, acc["grads"], grads), "loss": acc["loss"] + loss}
+    return new, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("tx",),
+                   donate_argnames=("params", "opt_state", "acc"))
+def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransformation):
+    """One optimizer update; skipped when loss/grad norm are not finite or nothing trained.
+
+    Returns:
+      (params, opt_state, zeroed acc for the next step, {"grad_norm", "applied", "loss"}).
+    """
+    grads = acc["grads"]
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(acc["loss"]) & jnp.isfinite(grad_norm) & (num_tokens > 0)
+    safe_grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
+    updates, new_opt = tx.update(safe_grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+    params = jax.tree.map(keep, new_params, params)
+    opt_state = jax.tree.map(keep, new_opt, opt_state)
+    zero = {"grads": jax.tree.map(jnp.zeros_like, grads), "loss": jnp.zeros((), jnp.float32)}
+    return params, opt_state, zero, {"grad_norm": grad_norm, "applied": ok, "loss": acc["loss"]}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdefs",))
+def score_tokens(graphdefs: GraphDefs, params, rest, batch: Batch):
+    """(target logprobs [B, T], values [B, T] or None) without gradient."""
+    logits, values = _forward(graphdefs, params, rest, batch)
+    return algos.gather_logprobs(logits, batch.target_ids), values
+
+
+@functools.partial(jax.jit, static_argnames=("name", "knobs", "num_groups", "kl_coef",
+                                             "kl_estimator"))
+def compute_advantages(rewards_n, loss_mask_nt, group_ids_n, valid_n, values_nt=None,
+                       behaviour_logp_nt=None, ref_logp_nt=None, *, name: str,
+                       knobs: tuple = (), num_groups: int, kl_coef: float = 0.0,
+                       kl_estimator: str = "k1"):
+    """Advantages and returns [N, T] (one sequence per row) with estimator `name`.
+
+    With `ref_logp_nt`, -kl_coef * KL(behaviour || ref) is added to per-token rewards first
+    (`algos.kl_in_reward`); the metrics dict then holds its mean.
+    """
+    token_rewards, metrics = None, {}
+    if ref_logp_nt is not None:
+        token_rewards, metrics = algos.kl_in_reward(
+            token_rewards_bt=jnp.zeros_like(loss_mask_nt), logp_bt=behaviour_logp_nt,
+            ref_logp_bt=ref_logp_nt, loss_mask_bt=loss_mask_nt, beta=kl_coef, kind=kl_estimator)
+    estimator = algos.get_advantage_estimator(name)
+    adv, ret = estimator(rewards_b=rewards_n, loss_mask_bt=loss_mask_nt, group_ids_b=group_ids_n,
+                         valid_b=valid_n, values_bt=values_nt, token_rewards_bt=token_rewards,
+                         num_groups=num_groups, **dict(knobs))
+    return adv, ret, metrics
