@@ -3,6 +3,7 @@
 Rules, in order (thresholds are deliberately round; the report prints the numbers behind
 them so a reader can disagree):
 
+0. trainer busy >= 80% and producers blocked/stalled < 10% -> `balanced` (the healthy state)
 1. trainer busy >= 80% of its lifetime                    -> `trainer`
 2. producers stalled on max_staleness >= 20% of wall time, and >= 10% of the wall time
    stalled with no episode in flight (rollouts and training alternate)  -> `staleness`
@@ -70,6 +71,12 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     stale = _knob(fields, "max_staleness")
     slots = _knob(fields, "max_slots")
     train_lat = _latency(fields, names.TRAIN_STEP)
+
+    if busy is not None and busy >= 0.8 and max(blocked, stall) < 0.1:
+        return ("balanced", f"Healthy: the trainer was busy {_pct(busy)} of its time and the "
+                f"rollouts kept up (producers blocked {_pct(blocked)}, stalled on staleness "
+                f"{_pct(stall)}).", "nothing to rebalance; to go faster, make the train step "
+                "faster (it is the stage everything else waits for)")
 
     if busy is not None and busy >= 0.8:
         lead = (f"The trainer is the bottleneck: it was busy {_pct(busy)} of its time and "

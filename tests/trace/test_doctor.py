@@ -1,0 +1,72 @@
+"""The doctor names the right bottleneck on synthetic runs with a known one."""
+
+import os
+
+import pytest
+
+from agentax.trace import doctor, names
+from agentax.trace._synthetic import SCENARIOS, SyntheticRun, simulate_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for scenario in SCENARIOS:
+        run_dir = str(tmp_path_factory.mktemp(scenario))
+        simulate_run(run_dir, scenario)
+        out[scenario] = doctor.analyze(run_dir)
+    return out
+
+
+@pytest.mark.parametrize("scenario,knob", [
+    ("environment", "pipeline.max_concurrency from 16 to about"),
+    ("trainer", "make the train step faster"),
+    ("engine_slots", "engine.max_slots from 4 to about 16"),
+    ("staleness", "pipeline.max_staleness from 0 to"),
+])
+def test_verdict_names_the_known_bottleneck(runs, scenario, knob):
+    report = runs[scenario]
+    assert report.bottleneck == scenario
+    assert knob in report.suggestion
+    text = doctor.format_report(report)
+    assert f"Bottleneck: {scenario}" in text and report.verdict in text
+
+
+def test_report_numbers_match_the_synthetic_run(runs):
+    env = runs["environment"]
+    cfg = SCENARIOS["environment"]
+    assert env.episodes == cfg.train_steps * cfg.group_size and env.train_steps == cfg.train_steps
+    lat = {l.name: l for l in env.latencies}
+    assert lat[names.MODEL_CALL].p50_s == pytest.approx(cfg.model_s, rel=1e-6)
+    assert lat[names.TRAIN_STEP].p99_s == pytest.approx(cfg.train_s, rel=1e-6)
+    assert lat[names.ENV_STEP].p99_s > 2 * lat[names.ENV_STEP].p50_s  # lognormal tail
+    assert env.trainer_wait_fraction > 0.5 and env.engine_mean_waiting < 1
+    assert max(env.critical_path, key=env.critical_path.get) == "env"
+    assert env.knobs == {"max_concurrency": 16, "max_staleness": 2, "max_slots": 32}
+    assert env.metrics_records == cfg.train_steps
+    trainer = runs["trainer"]
+    assert trainer.trainer_busy_fraction > 0.9
+    assert max(trainer.critical_path, key=trainer.critical_path.get) == "train"
+    slots = runs["engine_slots"]
+    assert slots.engine_full_fraction > 0.8 and slots.engine_mean_waiting > 5
+    assert set(runs["staleness"].staleness) == {0}  # max_staleness=0 is the synchronous loop
+    assert max(runs["trainer"].staleness) == SCENARIOS["trainer"].max_staleness
+
+
+def test_balanced_run_and_missing_config(tmp_path):
+    cfg = SyntheticRun(max_concurrency=8, max_slots=16, max_staleness=4, env_s=0.2,
+                       model_s=0.1, train_s=0.6, train_steps=10)
+    simulate_run(tmp_path, cfg)
+    os.remove(tmp_path / "config.yaml")
+    report = doctor.analyze(tmp_path)
+    assert report.bottleneck == "balanced", doctor.format_report(report)
+    assert report.knobs == {"max_concurrency": None, "max_staleness": None, "max_slots": None}
+
+
+def test_timeline_png_and_errors(runs, tmp_path):
+    path = doctor.render_timeline_png(runs["engine_slots"], tmp_path / "t.png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert set(runs["engine_slots"].timeline) >= {names.MODEL_CALL, names.ENGINE_WAITING}
+    with pytest.raises(FileNotFoundError, match="trace.perfetto-trace"):
+        doctor.analyze(tmp_path)

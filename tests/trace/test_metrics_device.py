@@ -1,0 +1,61 @@
+"""Metrics sinks, device spans and the profiler window."""
+
+import io
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentax.trace import Tracer, names, read_trace
+from agentax.trace._device import ProfileWindow
+from agentax.trace._metrics import ConsoleView, MetricsLogger, read_metrics
+
+
+def test_metrics_jsonl_tensorboard_and_console(tmp_path):
+    from rich.console import Console
+
+    buf = io.StringIO()
+    view = ConsoleView(total_steps=3, keys=("loss", "reward"),
+                       console=Console(file=buf, force_terminal=False, width=120))
+    with MetricsLogger(tmp_path, tensorboard=True, console=view) as logger:
+        for step in range(3):
+            logger.log(step, {"loss": np.float32(1.5 / (step + 1)), "reward": step, "note": "x",
+                              "nan": float("nan")})
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[2]["loss"] == pytest.approx(0.5) and records[0]["nan"] == "nan"
+    with open(tmp_path / "metrics.jsonl") as f:
+        assert all(json.loads(line)["note"] == "x" for line in f)
+    assert any(name.startswith("events.out.tfevents") for name in
+               os.listdir(tmp_path / "tensorboard"))
+    assert "loss=0.5" in buf.getvalue() and "3/3" in buf.getvalue()
+
+
+def test_device_span_ends_after_block_and_profile_window(tmp_path):
+    tracer = Tracer()
+    tracer.start(tmp_path)
+    matmul = jax.jit(lambda x: x @ x)
+    x = jnp.ones((32, 32))
+    with ProfileWindow(steps=(1, 2), out_dir=tmp_path / "prof", tracer=tracer) as window:
+        for step in range(3):
+            window.step(step)
+            with tracer.device_span(names.TRAIN_STEP, args={"step": step}) as span:
+                out = span.block(matmul(x))
+    with tracer.device_span(names.DEVICE_CALL):
+        matmul(x)
+    tracer.close()
+    assert float(out[0, 0]) == 32.0
+    trace = read_trace(tmp_path / "trace.perfetto-trace")
+    steps = trace.spans_named(names.TRAIN_STEP)
+    assert [s.args for s in steps] == [{"step": i, "blocked": True} for i in range(3)]
+    assert trace.spans_named(names.DEVICE_CALL)[0].args == {"blocked": False}
+    (win,) = trace.spans_named(names.PROFILER_WINDOW)
+    assert win.track == names.PROFILER_TRACK
+    assert (win.args["start_step"], win.args["stop_step"]) == (1, 2)
+    assert win.start_ns <= steps[1].start_ns and steps[1].end_ns <= win.end_ns <= steps[2].start_ns
+    assert any(files for _, _, files in os.walk(tmp_path / "prof"))
+    with pytest.raises(ValueError, match="start < stop"):
+        ProfileWindow(steps=(3, 3), out_dir=tmp_path)
