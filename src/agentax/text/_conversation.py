@@ -201,7 +201,9 @@ def render_conversation(
         prev = None
         for i in assistant_at:
             if prev is not None:
-                suffix, ok, prompt = _continuation(tokenizer, msgs[: prev + 1], msgs[prev + 1 : i], tools, True, True, extra)
+                suffix, ok, prompt = _continuation(
+                    tokenizer, msgs[: prev + 1], msgs[prev + 1 : i], tools, True, True, extra
+                )
                 stable &= ok
                 segments.append((suffix, False))
             full = _render(tokenizer, msgs[: i + 1], tools, False, extra)

@@ -48,10 +48,12 @@ def parse_llama3(text: str) -> ParsedReply:
             obj, end = _DECODER.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raw = text[pos:].strip()
-            errors.append(ToolCallError(raw=raw, message=f"broken JSON in tool call: {e.msg} at char {e.pos - pos}"))
+            message = f"broken JSON in tool call: {e.msg} at char {e.pos - pos}"
+            errors.append(ToolCallError(raw=raw, message=message))
             return ParsedReply(content="", tool_calls=tuple(calls), errors=tuple(errors))
         except RecursionError:
-            errors.append(ToolCallError(raw=text[pos:].strip(), message="broken JSON in tool call: nested too deeply"))
+            message = "broken JSON in tool call: nested too deeply"
+            errors.append(ToolCallError(raw=text[pos:].strip(), message=message))
             return ParsedReply(content="", tool_calls=tuple(calls), errors=tuple(errors))
         result = call_from_object(obj, text[pos:end], "parameters")
         (calls if isinstance(result, ToolCall) else errors).append(result)

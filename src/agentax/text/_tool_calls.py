@@ -79,9 +79,8 @@ def call_from_object(obj: Any, raw: str, args_key: str) -> ToolCall | ToolCallEr
         except (ValueError, RecursionError):
             return ToolCallError(raw=raw, message=f'"{keys[0]}" of {name!r} is a string, not a JSON object')
     if not isinstance(args, dict):
-        return ToolCallError(
-            raw=raw, message=f'"{keys[0] if keys else args_key}" of {name!r} must be a JSON object, got {type(args).__name__}'
-        )
+        key = keys[0] if keys else args_key
+        return ToolCallError(raw=raw, message=f'"{key}" of {name!r} must be a JSON object, got {type(args).__name__}')
     return ToolCall(name=name, arguments=args)
 
 
