@@ -1,0 +1,101 @@
+"""`EngineConfig` and `EngineStats`: how the generation engine is sized, and what it counts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["EngineConfig", "EngineStats"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Size and scheduling knobs of `Engine`. Every field is read by the engine."""
+
+    max_slots: int = 16
+    """Number of sequences decoded together (rows of the preallocated KV cache)."""
+    max_seq_len: int = 1024
+    """Tokens one slot holds (prompt + all turns + generated); the last one is never fed."""
+    prefill_chunk: int = 128
+    """Longest prefill chunk; prompts are fed in chunks of at most this many tokens."""
+    min_prefill_bucket: int = 16
+    """Shortest prefill chunk shape; chunk shapes are powers of two from this to prefill_chunk."""
+    prefill_token_budget: int = 0
+    """Prefill tokens (bucketed) run between two decode calls; 0 means prefill_chunk."""
+    decode_steps_per_call: int = 4
+    """Decode steps fused into one jitted call (an on-device loop with on-device stop checks)."""
+    max_stop_ids: int = 8
+    """Capacity of the per-slot stop-id table (eos ids + SamplingParams.stop_ids)."""
+    max_sequences: int = 65536
+    """Parked sequences kept on the host; past this the least recently used one is forgotten."""
+    cache_dtype: str | None = None
+    """KV-cache dtype; None uses the model's compute dtype."""
+    idle_wait_s: float = 0.05
+    """How long the step thread sleeps when there is nothing to do (it is woken on new work)."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"EngineConfig: {msg}")
+
+        need(self.max_slots >= 1, f"max_slots must be >= 1, got {self.max_slots}")
+        need(self.max_seq_len >= 2, f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        need(
+            self.min_prefill_bucket >= 1 and _is_pow2(self.min_prefill_bucket),
+            f"min_prefill_bucket must be a power of two, got {self.min_prefill_bucket}",
+        )
+        need(
+            _is_pow2(self.prefill_chunk) and self.prefill_chunk >= self.min_prefill_bucket,
+            f"prefill_chunk must be a power of two >= min_prefill_bucket "
+            f"({self.min_prefill_bucket}), got {self.prefill_chunk}",
+        )
+        need(self.prefill_token_budget >= 0, "prefill_token_budget must be >= 0")
+        need(self.decode_steps_per_call >= 1, "decode_steps_per_call must be >= 1")
+        need(self.max_stop_ids >= 1, "max_stop_ids must be >= 1")
+        need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
+
+    @property
+    def prefill_buckets(self) -> tuple[int, ...]:
+        """The chunk lengths prefill compiles for (powers of two)."""
+        out, b = [], self.min_prefill_bucket
+        while b <= self.prefill_chunk:
+            out.append(b)
+            b *= 2
+        return tuple(out)
+
+    @property
+    def token_budget(self) -> int:
+        return self.prefill_token_budget or self.prefill_chunk
+
+
+def _is_pow2(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineStats:
+    """A snapshot of the engine's counters (plain numbers)."""
+
+    active_slots: int
+    """Slots holding a request that is prefilling or decoding."""
+    parked_slots: int
+    """Slots holding the KV cache of a finished turn, kept for its continuation."""
+    free_slots: int
+    waiting_requests: int
+    """Requests submitted but not yet given a slot."""
+    tokens_per_step: float
+    """Tokens generated per decode step in the last decode call (= active slots then)."""
+    evictions: int
+    """Parked sequences whose cache was dropped to make room (re-prefilled if continued)."""
+    total_tokens: int
+    """Generated tokens returned in completions."""
+    prefill_tokens: int
+    """Tokens fed through prefill (re-prefills after eviction included)."""
+    steps: int
+    """Decode steps run (a decode call runs up to decode_steps_per_call of them)."""
+    decode_calls: int
+    completed: int
+    """Requests resolved with a completion."""
+    failed: int
+    """Requests resolved with an error (too long, cancelled, engine failure)."""
+    num_compiles: int
+    policy_version: int

@@ -1,0 +1,69 @@
+"""The one place where the engine emits trace spans and counters.
+
+`agentax.trace` (layer 1, built by the tracing team) provides `get_tracer()` and the standard
+names in `agentax.trace.names`. When it is not importable yet (or a tracer lacks a method) the
+engine records nothing; the engine's own counters (`Engine.stats()`) never depend on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+__all__ = ["Telemetry"]
+
+# Fallback names, identical to the contract in .notes/trace.md.
+_NAMES = {
+    "PREFILL": "prefill",
+    "DECODE_STEP": "decode_step",
+    "ENGINE_ACTIVE_SLOTS": "engine/active_slots",
+    "ENGINE_WAITING": "engine/waiting",
+    "ENGINE_TOKENS_PER_STEP": "engine/tokens_per_step",
+    "ENGINE_EVICTIONS": "engine/evictions",
+}
+
+
+def _default_tracer() -> Any | None:
+    try:
+        from agentax.trace import get_tracer  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        return get_tracer()
+    except Exception:  # a tracer that cannot start must not stop generation
+        return None
+
+
+def _names() -> dict[str, str]:
+    names = dict(_NAMES)
+    try:
+        from agentax.trace import names as trace_names  # type: ignore[attr-defined]
+    except ImportError:
+        return names
+    for key in names:
+        names[key] = getattr(trace_names, key, names[key])
+    return names
+
+
+class Telemetry:
+    """Adapter from the engine loop to a tracer (or to nothing)."""
+
+    def __init__(self, tracer: Any | None):
+        self.tracer = tracer if tracer is not None else _default_tracer()
+        self.names = _names()
+        self._has_span = hasattr(self.tracer, "span")
+        self._has_counter = hasattr(self.tracer, "counter")
+
+    def span(self, key: str, **args: Any):
+        if not self._has_span:
+            return contextlib.nullcontext()
+        return self.tracer.span(self.names[key], args=args or None)
+
+    def counters(self, *, active: int, waiting: int, tokens_per_step: float, evictions: int):
+        if not self._has_counter:
+            return
+        n = self.names
+        self.tracer.counter(n["ENGINE_ACTIVE_SLOTS"], active)
+        self.tracer.counter(n["ENGINE_WAITING"], waiting)
+        self.tracer.counter(n["ENGINE_TOKENS_PER_STEP"], tokens_per_step)
+        self.tracer.counter(n["ENGINE_EVICTIONS"], evictions)
