@@ -1,10 +1,15 @@
 """agentax.envs: environments behind one small async API (reset / step / close).
 
 Subclass `Environment` and write `_reset` / `_step`; the base class adds step limits, per-call
-timeouts and typed failures (`EnvError`). See docs/environments.md.
+timeouts and typed failures (`EnvError`). Built-ins: `TaskEnvironment` (single turn),
+`ToolEnvironment` (tool calls -> tool results -> scored answer), `CodeEnvironment` (sandboxed
+python/bash), `SWEEnvironment` (fix a repository until its tests pass), and
+`GymnasiumEnvironment` (any Gymnasium env, with FrozenLake and Taxi ready-made).
+See docs/environments.md.
 """
 
 from agentax.envs._base import EnvError, Environment, ensure_async_env
+from agentax.envs._code import CodeEnvironment, SandboxCheck
 from agentax.envs._gym import (
     FROZEN_LAKE_ACTIONS,
     TAXI_ACTIONS,
@@ -16,15 +21,22 @@ from agentax.envs._gym import (
     parse_frozen_lake_action,
     parse_taxi_action,
 )
+from agentax.envs._swe import SWE_REPOS, SWEEnvironment, swe_tasks
 from agentax.envs._task import TaskEnvironment
+from agentax.envs._tool import ToolEnvironment
 
 __all__ = [
     "FROZEN_LAKE_ACTIONS",
+    "SWE_REPOS",
     "TAXI_ACTIONS",
+    "CodeEnvironment",
     "EnvError",
     "Environment",
     "GymnasiumEnvironment",
+    "SWEEnvironment",
+    "SandboxCheck",
     "TaskEnvironment",
+    "ToolEnvironment",
     "ensure_async_env",
     "format_frozen_lake",
     "format_taxi",
@@ -32,4 +44,5 @@ __all__ = [
     "make_taxi",
     "parse_frozen_lake_action",
     "parse_taxi_action",
+    "swe_tasks",
 ]
