@@ -56,10 +56,11 @@ class ConsoleView:
         return "  ".join(f"{k}={self.format_value(metrics[k])}" for k in keys if k in metrics)
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Show that step `step` (0-based) finished with these metrics."""
         if not self._started:
             self.progress.start()
             self._started = True
-        self.progress.update(self._task, completed=step, metrics=self.line(metrics))
+        self.progress.update(self._task, completed=step + 1, metrics=self.line(metrics))
 
     def close(self) -> None:
         if self._started:

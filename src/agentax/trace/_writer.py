@@ -39,28 +39,35 @@ LANE_SEPARATOR = " ["  # lane k>0 of track "T" is named "T [k]"
 class _Lane:
     """Top-level spans of one lane: disjoint, sorted by start (for nesting checks)."""
 
-    __slots__ = ("starts", "ends")
+    __slots__ = ("starts", "ends", "origins")
 
     def __init__(self) -> None:
-        self.starts: list[int] = []
+        self.starts: list[int] = []  # start as written (a parent may be moved a few ns early)
         self.ends: list[int] = []
+        self.origins: list[int] = []  # start as recorded
 
     def place(self, start: int, end: int) -> int | None:
         """Place [start, end] if it nests with what is here; returns the start to write."""
-        starts, ends = self.starts, self.ends
+        starts, ends, origins = self.starts, self.ends, self.origins
         i = bisect.bisect_left(starts, start - _SLACK_NS)
         if i > 0 and ends[i - 1] > start:
             return None  # overlaps the end of an earlier span without containing it
+        while i < len(starts) and origins[i] < start:
+            if ends[i] > start:
+                return None
+            i += 1  # an earlier sibling that ended before we started
         j = bisect.bisect_left(starts, end + 1, lo=i)
         if j > i and ends[j - 1] > end:
             return None  # a later span sticks out past our end
+        written = start
         if j > i and starts[i] <= start:
-            start = starts[i] - 1  # tie with a child already written: begin just before it
-        starts[i:j] = [start]
+            written = starts[i] - 1  # tie with a child already written: begin just before it
+        starts[i:j] = [written]
         ends[i:j] = [end]
+        origins[i:j] = [start]
         if len(starts) > 2 * _MAX_ROOTS:
-            del starts[:_MAX_ROOTS], ends[:_MAX_ROOTS]
-        return start
+            del starts[:_MAX_ROOTS], ends[:_MAX_ROOTS], origins[:_MAX_ROOTS]
+        return written
 
 
 def _annotate(event: pb.TrackEvent, args: dict, name_iid) -> None:
