@@ -326,8 +326,8 @@ class Sandbox:
             for n in sorted(names):
                 out.append(os.path.relpath(os.path.join(d, n), root))
                 if len(out) >= max_entries:
-                    return out
-        return out
+                    return sorted(out)
+        return sorted(out)
 
     # ------------------------------------------------------------------ running
 
