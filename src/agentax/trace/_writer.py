@@ -61,7 +61,7 @@ class _Lane:
             return None  # a later span sticks out past our end
         written = start
         if j > i and starts[i] <= start:
-            written = starts[i] - 1  # tie with a child already written: begin just before it
+            written = max(0, starts[i] - 1)  # tie with a child already written: begin just before it
         starts[i:j] = [written]
         ends[i:j] = [end]
         origins[i:j] = [start]
