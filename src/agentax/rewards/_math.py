@@ -80,7 +80,18 @@ def normalize_answer(text: str) -> str:
     s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
     s = re.sub(r"\s+", " ", s).strip()
     s = s.rstrip(".").strip()
+    while len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
+        s = s[1:-1].strip()
     return s
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for ch in s:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 _DECIMAL = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?"
@@ -128,6 +139,8 @@ def parse_number(text: str) -> tuple[Fraction, bool] | None:
 def _close(a: Fraction, b: Fraction, rel_tol: float, abs_tol: float) -> bool:
     if a == b:
         return True
+    if a.denominator == 1 and b.denominator == 1:  # integers: 999999 is not 1000000
+        return False
     try:
         return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=abs_tol)
     except OverflowError:
