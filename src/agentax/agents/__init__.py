@@ -6,6 +6,7 @@ as one token-exact stream for training. See docs/agents.md.
 
 from agentax.agents._base import Agent, ModelAgent
 from agentax.agents._frozen_lake import FrozenLakeAgent
+from agentax.agents._swe import SWEAgent
 from agentax.agents._tool import ToolAgent, tool_schemas
 from agentax.agents._trajectory import TrajectoryBuilder, decode_reply
 
@@ -13,6 +14,7 @@ __all__ = [
     "Agent",
     "FrozenLakeAgent",
     "ModelAgent",
+    "SWEAgent",
     "ToolAgent",
     "TrajectoryBuilder",
     "decode_reply",

@@ -12,6 +12,7 @@ directory, copied, never modified).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +72,14 @@ class SWEEnvironment(CodeEnvironment):
         )
         self.test_command = test_command
         self._last_test_output = ""
+
+    @staticmethod
+    def tool_schemas(test_command: str = DEFAULT_TEST_COMMAND) -> list[dict[str, Any]]:
+        """Schemas of the tools every episode offers, without creating a sandbox (for agents
+        built before `reset`)."""
+        # repo_tools reads only `config` while building; the tools are never called here.
+        stand_in = types.SimpleNamespace(config=SandboxConfig())
+        return [t.schema() for t in repo_tools(stand_in, test_command=test_command)]  # type: ignore[arg-type]
 
     def _new_sandbox(self, task: Task) -> Sandbox:
         meta = task.meta

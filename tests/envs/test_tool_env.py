@@ -1,0 +1,149 @@
+"""ToolEnvironment with ToolAgent: real calculator, concurrent calls, and every kind of bad call."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agentax.agents import ToolAgent
+from agentax.agents.testing import ScriptedModel
+from agentax.envs import EnvError, ToolEnvironment
+from agentax.records import Action, Task, ToolCall, TrajectoryStatus
+from agentax.tools import calculator, tool
+
+TASK = Task(id="calc", prompt="What is 12*7?", answer="84")
+
+
+def exact(task, response):
+    return float(response.strip() == task.answer)
+
+
+def call(name, **args):
+    return f'<tool_call>{{"name": "{name}", "arguments": {__import__("json").dumps(args)}}}</tool_call>'
+
+
+def test_calculator_episode_rewards_correct_answer(episode):
+    model = ScriptedModel([call("calculator", expression="12*7"), "84"])
+    agent = ToolAgent([calculator])
+    env = ToolEnvironment([calculator], exact)
+    total, last, err = episode(env, agent, model, TASK)
+    assert err is None and last.done and last.info["final_answer"] and total == 1.0
+    tool_msg = model.prompts[1][-1]
+    assert (tool_msg.role, tool_msg.content, tool_msg.name) == ("tool", "84", "calculator")
+    assert tool_msg.tool_call_id == agent.messages[-3].tool_calls[0].id
+    assert env.tool_stats["tool_calls"] == 1 and env.tool_stats["tool_errors"] == 0
+
+
+@tool(timeout_s=2.0)
+async def slow_echo(text: str) -> str:
+    """Echo after a pause.
+
+    Args:
+        text: what to echo.
+    """
+    await asyncio.sleep(0.3)
+    return text
+
+
+@tool(timeout_s=0.05)
+async def hangs(x: int) -> str:
+    """Never answers in time.
+
+    Args:
+        x: ignored.
+    """
+    await asyncio.sleep(5)
+    return "late"
+
+
+@tool
+def flood(n: int) -> str:
+    """Returns n characters.
+
+    Args:
+        n: how many.
+    """
+    return "x" * n
+
+
+def step(env, action):
+    async def go():
+        await env.reset(TASK)
+        t0 = time.perf_counter()
+        res = await env.step(action)
+        return res, time.perf_counter() - t0
+
+    return asyncio.run(go())
+
+
+def test_calls_of_one_turn_run_concurrently_in_order():
+    env = ToolEnvironment([slow_echo], exact)
+    calls = tuple(ToolCall(name="slow_echo", arguments={"text": str(i)}, id=f"c{i}") for i in range(4))
+    res, elapsed = step(env, Action(text="", tool_calls=calls))
+    assert [r.content for r in res.observation.tool_results] == ["0", "1", "2", "3"]
+    assert [r.call_id for r in res.observation.tool_results] == ["c0", "c1", "c2", "c3"]
+    assert elapsed < 1.0  # 4 x 0.3 s sequentially would be 1.2 s
+    assert not res.done and res.info["tool_calls"] == 4
+
+
+def test_bad_calls_become_error_observations_and_are_counted():
+    model_reply = (
+        call("calculator", expression="2+2")
+        + call("telepathy", mind="yours")  # unknown tool
+        + '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'  # broken JSON
+        + call("hangs", x=1)  # times out
+        + call("flood", n=1_000_000)  # enormous output
+        + call("calculator", wrong="arg")  # bad arguments
+    )
+    agent = ToolAgent([calculator, hangs, flood])
+    agent.reset(TASK)
+    action = agent.act(model_reply)
+    assert len(action.tool_calls) == 5 and len(action.parse_errors) == 1 and action.final_answer is None
+    assert agent.stats["unknown_tools"] == 1 and agent.stats["parse_errors"] == 1
+
+    env = ToolEnvironment([calculator, hangs, flood], exact, max_output_chars=1000, call_grace_s=1.0)
+    res, elapsed = step(env, action)
+    results = res.observation.tool_results
+    by_name = {r.name: r for r in results}
+    assert results[0].ok and results[0].content == "4"
+    assert by_name["telepathy"].error == "unknown_tool" and "calculator" in by_name["telepathy"].content
+    assert by_name["hangs"].error == "timeout"
+    assert len(by_name["flood"].content) <= 1000 and "truncated" in by_name["flood"].content
+    assert results[4].error == "bad_arguments"
+    assert results[-1].error == "parse_error" and "could not be parsed" in results[-1].content
+    assert res.info == {
+        "tool_calls": 5, "tool_errors": 4, "unknown_tools": 1, "parse_errors": 1, "tool_timeouts": 1, "dropped_calls": 0,
+    }  # fmt: skip
+    assert not res.done and elapsed < 3.0
+
+
+def test_too_many_calls_are_refused_not_run():
+    env = ToolEnvironment([calculator], exact, max_calls_per_turn=2)
+    calls = tuple(ToolCall(name="calculator", arguments={"expression": f"{i}+1"}, id=str(i)) for i in range(3))
+    res, _ = step(env, Action(text="", tool_calls=calls))
+    assert [r.content for r in res.observation.tool_results[:2]] == ["1", "2"]
+    assert res.observation.tool_results[2].error == "too_many_calls" and res.info["dropped_calls"] == 1
+
+
+def test_endless_tool_use_is_truncated(episode):
+    model = ScriptedModel(lambda msgs: call("calculator", expression="1+1"))
+    env = ToolEnvironment([calculator], exact, max_steps=3)
+    total, last, err = episode(env, ToolAgent([calculator]), model, TASK)
+    assert err is None and last.truncated and model.calls == 3 and total == 0.0
+
+
+def test_reward_failures_are_reward_errors():
+    def broken(task, response):
+        raise KeyError("no answer key")
+
+    async def slow(task, response):
+        await asyncio.sleep(5)
+        return 1.0
+
+    for fn, kind in ((broken, "reward_error"), (slow, "reward_timeout")):
+        env = ToolEnvironment([calculator], fn, reward_timeout_s=0.05)
+        with pytest.raises(EnvError) as e:
+            step(env, Action(text="84", final_answer="84"))
+        assert e.value.status is TrajectoryStatus.REWARD_ERROR and e.value.kind == kind
