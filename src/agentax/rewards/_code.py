@@ -104,6 +104,7 @@ async def run_code_tests(
         if isinstance(tests, str):
             sandbox.write_file("test_solution.py", tests)
             r = await sandbox.run_bash(
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
                 f"{sandbox.config.python} -m pytest -q -p no:cacheprovider --no-header test_solution.py"
             )
             passed, total = _pytest_counts(r.stdout)
