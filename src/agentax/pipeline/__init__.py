@@ -1,1 +1,18 @@
-"""agentax.pipeline (see DESIGN.md)."""
+"""agentax.pipeline: rollout and training as overlapping stages with bounded staleness."""
+
+from agentax.pipeline._accounting import Accounting, AccountingError
+from agentax.pipeline._config import GROUP_FILTERS, PipelineConfig
+from agentax.pipeline._pipeline import Pipeline, PipelineResult, StepRecord, group_staleness
+from agentax.pipeline._staleness import StalenessGate
+
+__all__ = [
+    "Accounting",
+    "AccountingError",
+    "GROUP_FILTERS",
+    "Pipeline",
+    "PipelineConfig",
+    "PipelineResult",
+    "StalenessGate",
+    "StepRecord",
+    "group_staleness",
+]

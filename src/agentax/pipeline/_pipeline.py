@@ -1,0 +1,360 @@
+"""The producer/consumer pipeline: episodes stream into groups, groups stream into the trainer.
+
+async mode (the point of agentax):
+
+    producer ──(StalenessGate)──► episodes (≤ max_concurrency, engine-batched) ──► GroupQueue
+                                                                                      │ complete
+    engine ◄── weights, version v ◄── trainer.step(groups_per_step groups) ◄──────────┘ groups
+
+* The producer admits a new group only while the staleness bound allows it (`StalenessGate`),
+  and only while fewer than `max_concurrency` episodes are in flight.
+* The trainer takes complete groups in arrival order — no batch barrier — and steps as soon as
+  it has `groups_per_step` of them; a group whose tokens would be staler than
+  `max_staleness` is dropped and counted (a safety net; admission normally prevents it).
+* New weights go to the engine between two decode steps, tagged with their version;
+  in-flight episodes keep going.
+
+sync mode is the classic loop, written separately as the baseline: start a batch of groups,
+wait for all of them, train, publish, repeat. With `max_staleness=0` the async pipeline admits
+exactly the same groups with the same seeds and trains on the same tokens.
+
+The trainer step (a blocking JAX call) runs on its own thread so the event loop keeps
+collecting meanwhile. Every started episode ends up trained, filtered or failed (`Accounting`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from agentax.pipeline._accounting import Accounting
+from agentax.pipeline._config import PipelineConfig
+from agentax.pipeline._staleness import StalenessGate
+from agentax.records import Group, Task, Trajectory, TrajectoryStatus
+from agentax.rollout import Collector, GroupQueue, drop_all_equal_rewards, episode_seed
+from agentax.trace import get_tracer, names
+
+__all__ = ["Pipeline", "PipelineResult", "StepRecord", "group_staleness"]
+
+_TRAINABLE = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
+_FILTERS = {"all_equal_rewards": drop_all_equal_rewards}
+
+
+def group_staleness(group: Group, version: int) -> int:
+    """Versions between `version` and the oldest generated token of the group (0 if none)."""
+    oldest = [int(t.versions[t.loss_mask > 0].min()) for t in group.trajectories if t.num_generated]
+    return version - min(oldest) if oldest else 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """What happened at one optimizer step (host numbers, for metrics and tests)."""
+
+    step: int
+    policy_version: int
+    group_ids: tuple[str, ...]
+    reward_mean: float
+    success_rate: float
+    """Fraction of trained trajectories with reward > 0."""
+    staleness: tuple[int, ...]
+    """Per consumed group: trainer version minus the oldest token version."""
+    trainer_wait_s: float
+    train_s: float
+    wall_s: float
+    """Seconds since the run started, at the end of this step."""
+    metrics: Any = None
+    """The trainer's own metrics object for this step."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineResult:
+    steps: tuple[StepRecord, ...]
+    accounting: Accounting
+    wall_s: float
+    trainer_busy_s: float
+    trainer_wait_s: float
+    trajectories_trained: int
+
+    @property
+    def trainer_idle_fraction(self) -> float:
+        return self.trainer_wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def trajectories_per_s(self) -> float:
+        return self.trajectories_trained / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class Pipeline:
+    """Wires a collector, an engine and a trainer.
+
+    Args:
+      collector: runs episodes (it holds the engine, environments and agents).
+      trainer: anything with `step(groups) -> metrics`, `params_for_engine()`; e.g. RLTrainer.
+      engine: the engine the collector samples from (receives published weights).
+      tasks: a sequence of `Task`s (group i uses tasks[i % len]) or a callable i -> Task.
+      config: the pipeline knobs.
+      on_step: called with each `StepRecord` (progress display, metrics, checkpoints).
+      publish: how weights reach the engine, `publish(trainer, engine, version)`; default
+        `engine.update_weights(trainer.params_for_engine(), version)` (a pointer swap when
+        colocated; pass a resharding publisher for disaggregated placement).
+    """
+
+    def __init__(
+        self,
+        collector: Collector,
+        trainer: Any,
+        engine: Any,
+        tasks: Sequence[Task] | Callable[[int], Task],
+        config: PipelineConfig = PipelineConfig(),
+        *,
+        on_step: Callable[[StepRecord], None] | None = None,
+        publish: Callable[[Any, Any, int], None] | None = None,
+        start_version: int = 0,
+        start_group: int = 0,
+    ):
+        if not callable(tasks) and len(tasks) == 0:
+            raise ValueError("Pipeline needs at least one task")
+        self.collector = collector
+        self.trainer = trainer
+        self.engine = engine
+        self.tasks = tasks
+        self.config = config
+        self.on_step = on_step
+        self.publish_fn = publish or _publish_colocated
+        self.tracer = get_tracer()
+        self.accounting = Accounting()
+        self.version = start_version
+        self.next_group = start_group
+        """Index of the next group to admit (the task/data position, saved in checkpoints)."""
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentax-trainer")
+
+    # ------------------------------------------------------------------ shared pieces
+
+    def task_for(self, group_index: int) -> Task:
+        if callable(self.tasks):
+            return self.tasks(group_index)
+        return self.tasks[group_index % len(self.tasks)]
+
+    def _filters(self):
+        return [_FILTERS[name] for name in self.config.filters]
+
+    def _account_dropped(self, group: Group, reason: str) -> None:
+        for traj in group.trajectories:
+            self.accounting.statuses[traj.status.value] += 1
+            self.accounting.filtered[reason] += 1
+
+    def _screen(self, group: Group) -> Group | None:
+        """Failed members sink the group (counted by status); then the configured filters."""
+        failed = [t for t in group.trajectories if t.status not in _TRAINABLE]
+        if failed:
+            for traj in group.trajectories:
+                self.accounting.statuses[traj.status.value] += 1
+                if traj.status in _TRAINABLE:
+                    self.accounting.filtered["group_member_failed"] += 1
+                else:
+                    self.accounting.failed[traj.status.value] += 1
+            return None
+        for keep in self._filters():
+            reason = keep(group)
+            if reason is not None:
+                self._account_dropped(group, reason)
+                return None
+        return group
+
+    async def _run_group(self, index: int, episodes: asyncio.Semaphore) -> Group:
+        task = self.task_for(index)
+        group_id = f"g{index}"
+
+        async def one(sample: int) -> Trajectory:
+            async with episodes:
+                self.accounting.started += 1
+                return await self.collector.run_episode(
+                    task, seed=episode_seed(self.config.seed, index, sample),
+                    group_id=group_id, sample_index=sample,
+                )
+
+        with self.tracer.span(names.ROLLOUT, track=names.COLLECTOR_TRACK, args={"group": group_id}):
+            trajs = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
+        return Group(group_id=group_id, task_id=task.id, trajectories=tuple(trajs))
+
+    async def _train(self, groups: list[Group], wait_s: float, t_start: float) -> StepRecord:
+        groups.sort(key=lambda g: int(g.group_id[1:]))  # deterministic order inside a step
+        staleness = tuple(group_staleness(g, self.version) for g in groups)
+        flows = [self.tracer.new_flow_id() for _ in groups]
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        with self.tracer.span(
+            names.TRAIN_STEP, track=names.TRAINER_TRACK, flow_in=flows,
+            args={names.ARG_STALENESS: max(staleness, default=0)},
+        ) as span:
+            metrics = await loop.run_in_executor(self._executor, self.trainer.step, groups)
+            self.version += 1
+            span.set_arg(names.ARG_POLICY_VERSION, self.version)
+        train_s = time.perf_counter() - t0
+        for s in staleness:
+            self.tracer.counter(names.STALENESS, s)
+        if self.version % self.config.publish_every == 0:
+            with self.tracer.span(names.WEIGHT_PUBLISH, track=names.TRAINER_TRACK,
+                                  args={names.ARG_POLICY_VERSION: self.version}):
+                await loop.run_in_executor(
+                    self._executor, self.publish_fn, self.trainer, self.engine, self.version
+                )
+        trajs = [t for g in groups for t in g.trajectories]
+        for traj in trajs:
+            self.accounting.statuses[traj.status.value] += 1
+        self.accounting.trained += len(trajs)
+        rewards = np.asarray([t.reward for t in trajs], np.float32)
+        record = StepRecord(
+            step=self.version, policy_version=self.version,
+            group_ids=tuple(g.group_id for g in groups),
+            reward_mean=float(rewards.mean()), success_rate=float((rewards > 0).mean()),
+            staleness=staleness, trainer_wait_s=wait_s, train_s=train_s,
+            wall_s=time.perf_counter() - t_start, metrics=metrics,
+        )
+        if self.on_step is not None:
+            self.on_step(record)
+        return record
+
+    # ------------------------------------------------------------------ entry points
+
+    def run(self, num_steps: int) -> PipelineResult:
+        """Runs `num_steps` optimizer steps (blocking); see `arun`."""
+        return asyncio.run(self.arun(num_steps))
+
+    async def arun(self, num_steps: int) -> PipelineResult:
+        """Runs `num_steps` optimizer steps in the configured mode; checks the accounting."""
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        t_start = time.perf_counter()
+        try:
+            if self.config.mode == "sync":
+                steps = await self._run_sync(num_steps, t_start)
+            else:
+                steps = await self._run_async(num_steps, t_start)
+        finally:
+            self._executor.shutdown(wait=True)
+        self.accounting.check()
+        wall = time.perf_counter() - t_start
+        return PipelineResult(
+            steps=tuple(steps), accounting=self.accounting, wall_s=wall,
+            trainer_busy_s=sum(s.train_s for s in steps),
+            trainer_wait_s=sum(s.trainer_wait_s for s in steps),
+            trajectories_trained=self.accounting.trained,
+        )
+
+    async def _run_sync(self, num_steps: int, t_start: float) -> list[StepRecord]:
+        cfg = self.config
+        episodes = asyncio.Semaphore(cfg.max_concurrency)
+        steps = []
+        for _ in range(num_steps):
+            t_wait = time.perf_counter()
+            kept: list[Group] = []
+            with self.tracer.span(names.TRAINER_WAIT, track=names.TRAINER_TRACK):
+                while len(kept) < cfg.groups_per_step:
+                    need = cfg.groups_per_step - len(kept)
+                    indices = range(self.next_group, self.next_group + need)
+                    self.next_group += need
+                    groups = await asyncio.gather(*(self._run_group(i, episodes) for i in indices))
+                    kept.extend(g for g in groups if self._screen(g) is not None)
+            steps.append(await self._train(kept, time.perf_counter() - t_wait, t_start))
+        return steps
+
+    async def _run_async(self, num_steps: int, t_start: float) -> list[StepRecord]:
+        cfg = self.config
+        gate = StalenessGate(cfg.max_staleness, cfg.groups_per_step)
+        await gate.set_version(self.version)
+        gate_base = self.version  # admission counts steps from where this run starts
+        gate._admitted = 0
+        ready: asyncio.Queue[Group] = asyncio.Queue(cfg.effective_queue_size)
+        episodes = asyncio.Semaphore(cfg.max_concurrency)
+        running: set[asyncio.Task] = set()
+        stop = asyncio.Event()
+
+        async def group_done(index: int) -> None:
+            group = await self._run_group(index, episodes)
+            if self._screen(group) is None:
+                await gate.release()
+                return
+            if ready.full():
+                with self.tracer.span(names.PRODUCER_BLOCKED, track=names.COLLECTOR_TRACK):
+                    await ready.put(group)
+            else:
+                ready.put_nowait(group)
+            self.tracer.counter(names.QUEUE_DEPTH, ready.qsize())
+
+        async def produce() -> None:
+            while not stop.is_set():
+                # Never start more groups than there are episode slots to run them.
+                while len(running) * cfg.group_size >= cfg.max_concurrency + cfg.group_size - 1:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if gate.would_block():
+                    with self.tracer.span(names.STALENESS_WAIT, track=names.COLLECTOR_TRACK):
+                        await gate.acquire()
+                else:
+                    await gate.acquire()
+                if stop.is_set():
+                    return
+                index = self.next_group
+                self.next_group += 1
+                task = asyncio.create_task(group_done(index))
+                running.add(task)
+                task.add_done_callback(running.discard)
+
+        producer = asyncio.create_task(produce())
+        steps: list[StepRecord] = []
+        try:
+            while len(steps) < num_steps:
+                batch: list[Group] = []
+                t_wait = time.perf_counter()
+                with self.tracer.span(names.TRAINER_WAIT, track=names.TRAINER_TRACK):
+                    while len(batch) < cfg.groups_per_step:
+                        group = await _next_group(ready, producer)
+                        s = group_staleness(group, self.version)
+                        if s > cfg.max_staleness:
+                            self._account_dropped(group, "stale")
+                            await gate.release()
+                            continue
+                        batch.append(group)
+                wait_s = time.perf_counter() - t_wait
+                steps.append(await self._train(batch, wait_s, t_start))
+                if self.version % cfg.publish_every == 0:
+                    await gate.set_version(self.version - gate_base)
+        finally:
+            stop.set()
+            producer.cancel()
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(producer, *running, return_exceptions=True)
+            self._settle_leftovers(ready)
+        return steps
+
+    def _settle_leftovers(self, ready: asyncio.Queue) -> None:
+        """At shutdown: count what was collected but not trained, and what was cancelled."""
+        while not ready.empty():
+            self._account_dropped(ready.get_nowait(), "unconsumed_at_end")
+        missing = self.accounting.in_flight
+        if missing > 0:
+            self.accounting.failed[TrajectoryStatus.CANCELLED.value] += missing
+            self.accounting.statuses[TrajectoryStatus.CANCELLED.value] += missing
+
+
+async def _next_group(ready: asyncio.Queue, producer: asyncio.Task) -> Group:
+    """The next complete group; re-raises if the producer died instead of waiting forever."""
+    get = asyncio.ensure_future(ready.get())
+    done, _ = await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+    if get in done:
+        return get.result()
+    get.cancel()
+    producer.result()  # raises the producer's exception
+    raise RuntimeError("the producer stopped before the run finished")
+
+
+def _publish_colocated(trainer: Any, engine: Any, version: int) -> None:
+    engine.update_weights(trainer.params_for_engine(), version)

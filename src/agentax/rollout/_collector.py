@@ -1,0 +1,231 @@
+"""The `Collector`: runs episodes as asyncio tasks against the continuous-batching engine.
+
+One episode: reset the environment, let the agent turn the observation into messages, call the
+engine (continuing the same engine sequence between turns, so only new tokens are prefilled),
+let the agent parse the reply into an action, step the environment, repeat until done. Many
+episodes run at once; the engine batches their model calls, environment work overlaps.
+
+Every wait on the outside world is bounded (model call, reset/step via the environment's own
+limits, close, reward, the whole episode). Whatever happens, an episode returns a
+`Trajectory` with a typed status, releases its engine sequence and closes its environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from agentax.agents import Agent, TrajectoryBuilder
+from agentax.envs import EnvError, Environment, ensure_async_env
+from agentax.envs._reward import compute_reward
+from agentax.records import Completion, SamplingParams, Task, Trajectory, TrajectoryStatus
+from agentax.trace import get_tracer, names
+
+__all__ = ["Collector", "CollectorConfig", "GenerateFn", "episode_seed"]
+
+
+class GenerateFn(Protocol):
+    """What the collector needs from an engine: `agentax.engine.Engine` satisfies it."""
+
+    async def generate(
+        self, prompt_ids: Any, params: SamplingParams, *, sequence_id: int | None = None
+    ) -> Completion: ...
+
+    def release(self, sequence_id: int) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CollectorConfig:
+    """Limits of episode collection."""
+
+    max_turns: int = 8
+    """Model calls per episode before it is truncated."""
+    max_episode_tokens: int = 1024
+    """Token budget of a whole episode (prompt + generated + observations); truncated beyond."""
+    model_timeout_s: float = 120.0
+    """Limit for one model call (queueing for a slot included)."""
+    reward_timeout_s: float = 30.0
+    """Limit for the collector's reward stage (when a reward_fn is given)."""
+    episode_timeout_s: float = 600.0
+    """Limit for a whole episode."""
+    close_timeout_s: float = 10.0
+    """Limit for closing an environment."""
+
+
+def episode_seed(run_seed: int, group_index: int, sample_index: int) -> int:
+    """A 31-bit seed that depends only on (run, group, sample): never on batch composition."""
+    digest = hashlib.blake2b(f"{run_seed}/{group_index}/{sample_index}".encode(), digest_size=4)
+    return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
+
+
+class Collector:
+    """Runs episodes; one instance serves a whole run.
+
+    Args:
+      engine: an `Engine` (or anything with `generate` / `release`, see `GenerateFn`).
+      tokenizer: the model's `agentax.text` tokenizer (its chat template renders prompts).
+      env_factory: builds a fresh environment for one episode (`Environment` or a sync env).
+      agent_factory: builds a fresh agent for one episode.
+      sampling: sampling params of every model call (the seed is set per episode).
+      config: limits.
+      reward_fn: optional `(task, final_answer) -> float` computed after the episode, as its
+        own stage (the engine sequence is released first), added to the environment's rewards.
+    """
+
+    def __init__(
+        self,
+        engine: GenerateFn,
+        tokenizer: Any,
+        env_factory: Callable[[], Any],
+        agent_factory: Callable[[], Agent],
+        sampling: SamplingParams,
+        config: CollectorConfig = CollectorConfig(),
+        *,
+        reward_fn: Callable[[Task, str], Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.agent_factory = agent_factory
+        self.sampling = sampling
+        self.config = config
+        self.reward_fn = reward_fn
+        self.template_kwargs = template_kwargs or {}
+        self.tracer = get_tracer()
+
+    async def run_episode(
+        self, task: Task, *, seed: int, group_id: str = "", sample_index: int = 0
+    ) -> Trajectory:
+        """Runs one episode to its end; never raises except on cancellation."""
+        tracer = self.tracer
+        track = names.episode_track(f"{group_id}/{sample_index}")
+        with tracer.span(
+            names.EPISODE, track=track,
+            args={names.ARG_EPISODE_ID: f"{group_id}/{sample_index}", "task_id": task.id},
+        ) as span:
+            traj = await self._run(task, seed, group_id, sample_index)
+            span.set_arg(names.ARG_STATUS, traj.status.value)
+            return traj
+
+    async def _run(self, task: Task, seed: int, group_id: str, sample_index: int) -> Trajectory:
+        cfg = self.config
+        agent = self.agent_factory()
+        env: Environment = ensure_async_env(self.env_factory())
+        builder = TrajectoryBuilder(
+            self.tokenizer, tools=agent.tools, task_id=task.id,
+            stop_ids=self.sampling.stop_ids, template_kwargs=self.template_kwargs,
+        )
+        state = _EpisodeState()
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._loop(task, seed, agent, env, builder, state), cfg.episode_timeout_s)
+        except TimeoutError:
+            state.fail(TrajectoryStatus.TIMEOUT, "episode_timeout")
+        except EnvError as e:
+            state.fail(e.status, f"{e.call}_{e.kind}", str(e))
+        except asyncio.CancelledError:
+            state.fail(TrajectoryStatus.CANCELLED, "cancelled")
+            await self._cleanup(env, state)
+            raise
+        except Exception as e:  # noqa: BLE001 - the engine or an agent broke: a typed status
+            state.fail(TrajectoryStatus.MODEL_ERROR, type(e).__name__, str(e))
+        await self._cleanup(env, state)
+        if state.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and self.reward_fn:
+            with self.tracer.span(names.REWARD):
+                try:
+                    state.reward += await compute_reward(
+                        self.reward_fn, task, state.final_answer or "", timeout_s=cfg.reward_timeout_s
+                    )
+                except EnvError as e:
+                    state.fail(e.status, e.kind, str(e))
+        timings = {"episode_s": time.perf_counter() - t0, **state.timings}
+        info = {"reason": state.reason, "turns": state.turns, **state.info}
+        if not builder._started:  # failed before the first prompt: an empty stream
+            builder.start([])
+        return builder.build(
+            state.reward, state.status, sample_index=sample_index, group_id=group_id,
+            timings=timings, info=info,
+        )
+
+    async def _loop(self, task, seed, agent, env, builder, state) -> None:
+        cfg, tracer = self.config, self.tracer
+        agent.reset(task)
+        with tracer.span(names.ENV_RESET):
+            t = time.perf_counter()
+            observation = await env.reset(task)
+            state.add_time("env_s", t)
+        agent.observe(observation)
+        prompt_ids = builder.start(agent.messages)
+        params = dataclasses.replace(self.sampling, seed=seed)
+        while True:
+            budget = cfg.max_episode_tokens - builder.num_tokens
+            if state.turns >= cfg.max_turns or budget <= 0:
+                state.status, state.reason = TrajectoryStatus.TRUNCATED, "episode_limit"
+                return
+            call = dataclasses.replace(params, max_tokens=min(params.max_tokens, budget))
+            with tracer.span(names.MODEL_CALL, args={"prompt_tokens": int(len(prompt_ids))}) as span:
+                t = time.perf_counter()
+                completion = await asyncio.wait_for(
+                    self.engine.generate(prompt_ids, call, sequence_id=state.sequence_id),
+                    cfg.model_timeout_s,
+                )
+                state.add_time("model_s", t)
+                span.set_arg("generated_tokens", completion.num_tokens)
+                span.set_arg("slot_wait_s", round(completion.queue_time_s, 6))
+            state.sequence_id = completion.sequence_id
+            state.turns += 1
+            reply = builder.add_completion(completion)
+            action = agent.act(reply)
+            if action.final_answer is not None:
+                state.final_answer = action.final_answer
+            with tracer.span(names.ENV_STEP):
+                t = time.perf_counter()
+                result = await env.step(action)
+                state.add_time("env_s", t)
+            builder.record_step(action, result)
+            state.reward += float(result.reward)
+            if result.done:
+                if result.truncated:
+                    state.status, state.reason = TrajectoryStatus.TRUNCATED, "env_truncated"
+                return
+            if completion.finish_reason.value in ("slot_full",):
+                state.status, state.reason = TrajectoryStatus.TRUNCATED, "context_full"
+                return
+            prompt_ids = builder.add_observation(agent.observe(result.observation))
+
+    async def _cleanup(self, env: Environment, state: "_EpisodeState") -> None:
+        if state.sequence_id is not None:
+            try:
+                self.engine.release(state.sequence_id)
+            except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
+                pass
+            state.sequence_id = None
+        try:
+            await asyncio.wait_for(env.close(), self.config.close_timeout_s)
+        except Exception:  # noqa: BLE001 - close failures are counted, never fatal
+            state.info["close_failed"] = True
+
+
+@dataclasses.dataclass
+class _EpisodeState:
+    status: TrajectoryStatus = TrajectoryStatus.OK
+    reason: str = "done"
+    reward: float = 0.0
+    turns: int = 0
+    sequence_id: int | None = None
+    final_answer: str | None = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def fail(self, status: TrajectoryStatus, reason: str, message: str = "") -> None:
+        self.status, self.reason = status, reason
+        if message:
+            self.info["error"] = message[:500]
+
+    def add_time(self, key: str, start: float) -> None:
+        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
