@@ -16,10 +16,11 @@ __all__ = ["Telemetry"]
 _NAMES = {
     "PREFILL": "prefill",
     "DECODE_STEP": "decode_step",
-    "ENGINE_ACTIVE_SLOTS": "engine/active_slots",
-    "ENGINE_WAITING": "engine/waiting",
-    "ENGINE_TOKENS_PER_STEP": "engine/tokens_per_step",
-    "ENGINE_EVICTIONS": "engine/evictions",
+    "ENGINE_ACTIVE_SLOTS": "engine_active_slots",
+    "ENGINE_WAITING": "engine_waiting",
+    "ENGINE_TOKENS_PER_STEP": "engine_tokens_per_step",
+    "ENGINE_EVICTIONS": "engine_evictions",
+    "ENGINE_TRACK": "engine",
 }
 
 
@@ -57,7 +58,8 @@ class Telemetry:
     def span(self, key: str, **args: Any):
         if not self._has_span:
             return contextlib.nullcontext()
-        return self.tracer.span(self.names[key], args=args or None)
+        track = self.names["ENGINE_TRACK"]
+        return self.tracer.span(self.names[key], track=track, args=args or None)
 
     def counters(self, *, active: int, waiting: int, tokens_per_step: float, evictions: int):
         if not self._has_counter:

@@ -1,0 +1,47 @@
+"""Helpers shared by the engine tests (imported as a top-level module by pytest's rootdir mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentax.engine import EngineConfig
+
+# Every test engine uses this shape so the kernels compile once per test session.
+CFG = EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32, decode_steps_per_call=4)
+
+
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _last_logits(graphdef, state, ids_1t, last):
+    model = nnx.merge(graphdef, state)
+    return model(ids_1t)[0, last]
+
+
+def reference_greedy(model, prompt, n: int, pad_to: int = 128) -> list[int]:
+    """agentax's own full-sequence greedy decoding: argmax of model(ids) at the last position.
+
+    Right padding to a fixed length keeps one compilation; causal attention makes it inert.
+    """
+    graphdef, state = nnx.split(model)
+    ids = list(int(i) for i in prompt)
+    for _ in range(n):
+        buf = np.zeros((1, pad_to), np.int32)
+        buf[0, : len(ids)] = ids
+        logits = _last_logits(graphdef, state, jnp.asarray(buf), len(ids) - 1)
+        ids.append(int(jnp.argmax(logits)))
+    return ids[len(prompt):]
+
+
+def random_prompts(rng: np.random.Generator, n: int, lo: int, hi: int, vocab: int = 256):
+    return [rng.integers(0, vocab, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]

@@ -1,0 +1,145 @@
+"""Greedy correctness, continuation, eviction, batch invariance and weight versions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from flax import nnx
+
+from agentax.engine import Engine
+from agentax.models import ModelConfig, Transformer
+from agentax.records import FinishReason, SamplingParams
+
+from engine_helpers import CFG, random_prompts, reference_greedy, run
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+def test_concurrent_greedy_matches_full_sequence_reference(engine, model):
+    rng = np.random.default_rng(1)
+    # 7 requests on 4 slots: some wait; prompts up to 70 tokens span 3 prefill chunks.
+    prompts = random_prompts(rng, 7, 1, 71)
+    max_tokens = [12, 3, 9, 12, 1, 7, 12]
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
+    outs = engine.generate_batch(prompts, params)
+    for prompt, m, out in zip(prompts, max_tokens, outs):
+        assert out.token_ids.tolist() == reference_greedy(model, prompt, m)
+        assert out.finish_reason == FinishReason.LENGTH
+        assert out.prompt_len == len(prompt)
+        assert out.logprobs.shape == out.versions.shape == (m,)
+        assert np.all(out.logprobs <= 0) and np.all(np.isfinite(out.logprobs))
+    stats = engine.stats()
+    assert stats.completed == 7 and stats.total_tokens == sum(max_tokens)
+    assert stats.active_slots == 0 and stats.free_slots == CFG.max_slots  # batch released
+
+
+def test_greedy_logprob_is_log_softmax_of_logits(engine, model):
+    prompt = [5, 9, 200, 13]
+    out = engine.generate_batch([prompt], SamplingParams(temperature=0.0, max_tokens=3))[0]
+    ids = prompt + out.token_ids.tolist()
+    logits = np.asarray(model(np.asarray([ids]))[0], np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    logp -= logits.max(-1, keepdims=True)
+    want = [logp[len(prompt) - 1 + i, t] for i, t in enumerate(out.token_ids)]
+    np.testing.assert_allclose(out.logprobs, want, atol=2e-5)
+
+
+def test_continuation_equals_one_long_request(engine, model):
+    p1, p2, p3 = [11, 12, 13, 14, 15], [40, 41, 42], [7] * 40  # p3 spans two chunks
+
+    async def turns():
+        c1 = await engine.generate(p1, GREEDY)
+        c2 = await engine.generate(p2, GREEDY, sequence_id=c1.sequence_id)
+        c3 = await engine.generate(p3, GREEDY, sequence_id=c2.sequence_id)
+        return c1, c2, c3
+
+    c1, c2, c3 = run(turns())
+    assert c1.sequence_id == c2.sequence_id == c3.sequence_id
+    assert c2.prompt_len == 3 and c3.prompt_len == 40
+    history = p1 + c1.token_ids.tolist() + p2 + c2.token_ids.tolist() + p3
+    assert c3.token_ids.tolist() == reference_greedy(model, history, 12)
+    long = engine.generate_batch([history], GREEDY)[0]
+    assert long.token_ids.tolist() == c3.token_ids.tolist()
+    # Only the new tokens (plus the one pending generated token) were prefilled on turns 2, 3.
+    stats = engine.stats()
+    assert stats.evictions == 0
+    assert stats.prefill_tokens == len(p1) + (1 + len(p2)) + (1 + len(p3)) + len(history)
+
+
+def test_eviction_and_reprefill_give_the_same_tokens(engine, model):
+    first = [[i + 1, i + 2, i + 3] for i in range(CFG.max_slots)]
+
+    async def scenario():
+        c1 = await asyncio.gather(*(engine.generate(p, GREEDY) for p in first))
+        # All slots are parked now; four new sequences evict every one of them.
+        await asyncio.gather(*(engine.generate([99, i], GREEDY) for i in range(CFG.max_slots)))
+        again = await engine.generate([50, 51], GREEDY, sequence_id=c1[0].sequence_id)
+        return c1[0], again
+
+    c1, again = run(scenario())
+    assert engine.stats().evictions >= CFG.max_slots
+    history = first[0] + c1.token_ids.tolist() + [50, 51]
+    assert again.token_ids.tolist() == reference_greedy(model, history, 12)
+
+
+def test_release_forgets_the_sequence(engine):
+    async def scenario():
+        c = await engine.generate([1, 2, 3], GREEDY)
+        assert engine.stats().parked_slots == 1
+        engine.release(c.sequence_id)
+        await asyncio.sleep(0.2)
+        assert engine.stats().parked_slots == 0
+        try:
+            await engine.generate([4], GREEDY, sequence_id=c.sequence_id)
+        except ValueError as exc:
+            return str(exc)
+
+    assert "unknown sequence_id" in run(scenario())
+
+
+def test_sampling_does_not_depend_on_batch_company(engine):
+    params = SamplingParams(temperature=1.0, max_tokens=20, seed=1234)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    alone = engine.generate_batch([prompt], params)[0]
+    rng = np.random.default_rng(7)
+    crowd = random_prompts(rng, 9, 1, 60)
+    outs = engine.generate_batch(
+        crowd[:5] + [prompt] + crowd[5:],
+        [SamplingParams(temperature=1.0, max_tokens=int(rng.integers(1, 30)), seed=i)
+         for i in range(5)] + [params]
+        + [SamplingParams(temperature=0.7, top_k=20, seed=i) for i in range(4)],
+    )
+    assert outs[5].token_ids.tolist() == alone.token_ids.tolist()
+    np.testing.assert_array_equal(outs[5].logprobs, alone.logprobs)
+    # And different seeds give different samples.
+    other = engine.generate_batch([prompt], SamplingParams(temperature=1.0, max_tokens=20, seed=9))
+    assert other[0].token_ids.tolist() != alone.token_ids.tolist()
+
+
+def test_weight_update_mid_flight_tags_versions(model):
+    other = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(5))
+    engine = Engine(model, CFG, policy_version=3)
+    try:
+        async def scenario():
+            task = asyncio.create_task(
+                engine.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=60))
+            )
+            while engine.stats().total_tokens == 0 and engine.stats().steps < 3:
+                await asyncio.sleep(0.001)
+            engine.update_weights(other, version=4)
+            return await task
+
+        out = run(scenario())
+        v = out.versions.tolist()
+        assert v[0] == 3 and v[-1] == 4 and 4 in v
+        switch = v.index(4)
+        assert v == [3] * switch + [4] * (len(v) - switch)  # monotone, one switch
+        assert engine.policy_version == 4
+        # Before the switch: the old weights' greedy tokens; after it the new weights decide
+        # (attending to the KV cache the old weights wrote, as in-flight requests do).
+        old = reference_greedy(model, [1, 2, 3], 60)
+        assert out.token_ids[:switch].tolist() == old[:switch]
+        assert out.token_ids[switch:].tolist() != old[switch:]
+    finally:
+        engine.shutdown()
