@@ -147,3 +147,24 @@ def test_reward_failures_are_reward_errors():
         with pytest.raises(EnvError) as e:
             step(env, Action(text="84", final_answer="84"))
         assert e.value.status is TrajectoryStatus.REWARD_ERROR and e.value.kind == kind
+
+
+def test_env_calls_tools_and_rewards_are_traced_on_the_episode_track():
+    from agentax.trace import get_tracer, names
+
+    tracer = get_tracer()
+
+    async def go():
+        env = ToolEnvironment([calculator], exact)
+        with tracer.use_track(names.episode_track(7)):
+            await env.reset(TASK)
+            await env.step(Action(text="", tool_calls=(ToolCall(name="calculator", arguments={"expression": "1+1"}),)))
+            await env.step(Action(text="84", final_answer="84"))
+
+    tracer.take_events()
+    asyncio.run(go())
+    spans = [(e[4], e[3]) for e in tracer.take_events() if e[0] == 0]
+    track = names.episode_track(7)
+    for name in (names.ENV_RESET, names.ENV_STEP, names.TOOL_CALL, names.REWARD):
+        assert (name, track) in spans, (name, spans)
+    assert [n for n, _ in spans].count(names.ENV_STEP) == 2

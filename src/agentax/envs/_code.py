@@ -20,6 +20,7 @@ from agentax.envs._reward import RewardFn
 from agentax.envs._tool import ToolEnvironment
 from agentax.records import Task, TrajectoryStatus
 from agentax.tools import Sandbox, SandboxConfig, ToolRegistry, bash_tool, python_tool
+from agentax.trace import get_tracer, names
 
 __all__ = ["CodeEnvironment", "SandboxCheck"]
 
@@ -87,9 +88,10 @@ class CodeEnvironment(ToolEnvironment):
             return await super()._score(task, answer)
         assert self.sandbox is not None
         try:
-            value = self.check(self.sandbox, task, answer)
-            if inspect.isawaitable(value):
-                value = await asyncio.wait_for(value, self.reward_timeout_s)
+            with get_tracer().span(names.REWARD, args={"reward": getattr(self.check, "__name__", "check")}):
+                value = self.check(self.sandbox, task, answer)
+                if inspect.isawaitable(value):
+                    value = await asyncio.wait_for(value, self.reward_timeout_s)
             return float(value)
         except Exception as e:  # noqa: BLE001
             raise EnvError(

@@ -16,6 +16,7 @@ from typing import Any
 
 from agentax.envs._base import EnvError
 from agentax.records import Task, TrajectoryStatus
+from agentax.trace import get_tracer, names
 
 RewardFn = Callable[[Task, str], Any]
 
@@ -34,6 +35,11 @@ def check_reward_fn(reward_fn: Any) -> RewardFn:
 async def compute_reward(reward_fn: RewardFn, task: Task, response: str, *, timeout_s: float | None) -> float:
     """Return `reward_fn(task, response)` as a finite float, or raise EnvError(REWARD_ERROR)."""
     name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    with get_tracer().span(names.REWARD, args={"reward": name}):
+        return await _compute(reward_fn, name, task, response, timeout_s)
+
+
+async def _compute(reward_fn: RewardFn, name: str, task: Task, response: str, timeout_s: float | None) -> float:
     try:
         if inspect.iscoroutinefunction(reward_fn) or inspect.iscoroutinefunction(getattr(reward_fn, "__call__", None)):
             value = await asyncio.wait_for(reward_fn(task, response), timeout_s)

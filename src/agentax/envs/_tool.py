@@ -23,6 +23,7 @@ from agentax.envs._base import Environment
 from agentax.envs._reward import RewardFn, check_reward_fn, compute_reward
 from agentax.records import Action, Observation, StepResult, Task, ToolCall, ToolResult
 from agentax.tools import Tool, ToolRegistry, truncate_output
+from agentax.trace import get_tracer, names
 
 __all__ = ["ToolEnvironment"]
 
@@ -154,7 +155,8 @@ class ToolEnvironment(Environment):
         limit = (tool.timeout_s if tool is not None else 10.0) + self.call_grace_s
         t0 = time.perf_counter()
         try:
-            result = await asyncio.wait_for(self.registry.call(call), limit)
+            with get_tracer().span(names.TOOL_CALL, args={"tool": str(call.name)}):
+                result = await asyncio.wait_for(self.registry.call(call), limit)
         except TimeoutError:
             result = ToolResult(
                 name=call.name, call_id=call.id, ok=False, error="timeout", content=f"Error: the tool gave no answer within {limit:.0f} s."
