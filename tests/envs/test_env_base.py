@@ -216,11 +216,11 @@ class SyncCounter:
         self.closed = False
 
     def reset(self, task):
-        self.threads.add(threading.current_thread().name)
+        self.threads.add(threading.get_ident())
         return Observation(content="ready")
 
     def step(self, action):
-        self.threads.add(threading.current_thread().name)
+        self.threads.add(threading.get_ident())
         time.sleep(self.sleep_s)
         return StepResult(observation=Observation(content="ok"), reward=0.5, done=True)
 
@@ -242,7 +242,7 @@ def test_sync_env_runs_on_its_own_thread():
     res = run(go())
     assert res.reward == 0.5 and res.done
     assert inner.closed
-    assert threading.main_thread().name not in inner.threads and len(inner.threads) == 1
+    assert threading.main_thread().ident not in inner.threads and len(inner.threads) == 1
 
 
 def test_hung_sync_env_does_not_block_the_loop():
@@ -270,6 +270,7 @@ def test_hung_sync_env_does_not_block_the_loop():
 
     err, elapsed, ticks = run(go())
     assert err.status is TrajectoryStatus.TIMEOUT
+    assert not inner.closed  # close() did not queue behind the hung step
     assert elapsed < 0.9  # did not wait for the 1 s sleep
     assert ticks >= 5  # the event loop kept running while the step hung
     assert env.stats["timeouts"] == 1
@@ -320,3 +321,22 @@ def test_invalid_limits_are_rejected():
         Counter(max_steps=0)
     with pytest.raises(ValueError, match="step_timeout_s"):
         Counter(step_timeout_s=-1)
+
+
+def test_sync_env_recovers_after_a_hung_step():
+    inner = SyncCounter(sleep_s=1.0)
+    env = ensure_async_env(inner)
+
+    async def go():
+        await env.reset(TASK)
+        with pytest.raises(EnvError):
+            await env.step(Action(text="x"))
+        inner.sleep_s = 0.0
+        t0 = time.perf_counter()
+        await env.reset(TASK)  # not stuck behind the hung thread
+        res = await env.step(Action(text="y"))
+        await env.close()
+        return res, time.perf_counter() - t0
+
+    res, elapsed = run(go())
+    assert res.done and elapsed < 0.5 and len(inner.threads) == 2

@@ -268,11 +268,18 @@ class _SyncEnvAdapter(Environment):
                     setattr(self, name, value)
         self.inner = env
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last: concurrent.futures.Future | None = None
 
     def _run(self, fn: Any, *args: Any) -> asyncio.Future:
+        if self._last is not None and not self._last.done() and self._pool is not None:
+            # The previous call hung past its timeout and still holds the thread: abandon that
+            # thread (it ends with the process) and continue on a fresh one.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"env-{type(self.inner).__name__}")
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        self._last = self._pool.submit(fn, *args)
+        return asyncio.wrap_future(self._last)
 
     async def _reset(self, task: Task) -> Observation | str:
         return await self._run(self.inner.reset, task)
@@ -283,7 +290,7 @@ class _SyncEnvAdapter(Environment):
     async def _close(self) -> None:
         try:
             close = getattr(self.inner, "close", None)
-            if callable(close) and self._state()["broken"] != "timeout":
+            if callable(close) and (self._last is None or self._last.done()):
                 await self._run(close)
         finally:
             if self._pool is not None:
