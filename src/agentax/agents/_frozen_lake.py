@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from agentax.agents._base import Agent
 from agentax.envs import FROZEN_LAKE_ACTIONS, parse_frozen_lake_action
-from agentax.records import Action, Message, Observation, Task
+from agentax.records import Action, Message, Observation
 
 __all__ = ["FrozenLakeAgent"]
 
@@ -36,9 +36,6 @@ class FrozenLakeAgent(Agent):
         if value is None:
             self._count("invalid_actions")
         return Action(text=reply, value=value)
-
-    def system_prompt_for(self, task: Task) -> str | None:
-        return self.system_prompt
 
     @staticmethod
     def action_name(value: int) -> str:
