@@ -192,9 +192,9 @@ def test_llama_trim_divergence_keeps_suffix_well_formed(llama31_tok):
 
 
 def test_builder_misuse_is_a_clear_error(byte_tok):
-    b = TrajectoryBuilder(byte_tok)
-    with pytest.raises(RuntimeError, match="start"):
-        b.build(0.0, TrajectoryStatus.OK)
+    b = TrajectoryBuilder(byte_tok, task_id="e")
+    empty = b.build(0.0, TrajectoryStatus.ENV_ERROR)  # failed before the first prompt
+    assert empty.num_tokens == 0 and empty.status is TrajectoryStatus.ENV_ERROR and not b.started
     with pytest.raises(RuntimeError, match="prompt first"):
         b.add_completion(ScriptedModel(["x"], tokenizer=byte_tok).complete([]))
     b.start([Message(role="user", content="q")])

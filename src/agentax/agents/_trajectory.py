@@ -138,6 +138,11 @@ class TrajectoryBuilder:
         return int(sum(a.shape[0] for a in self._ids))
 
     @property
+    def started(self) -> bool:
+        """True once `start` rendered the first prompt."""
+        return self._started
+
+    @property
     def messages(self) -> list[Message]:
         """The conversation as rendered: assistant turns are the verbatim generated text."""
         return list(self._messages)
@@ -254,9 +259,10 @@ class TrajectoryBuilder:
         timings: Mapping[str, float] | None = None,
         info: Mapping[str, Any] | None = None,
     ) -> Trajectory:
-        """The finished `Trajectory`: arrays of length T, loss mask 1 exactly on generated ids."""
-        if not self._started:
-            raise RuntimeError("build() before start(): nothing was recorded")
+        """The finished `Trajectory`: arrays of length T, loss mask 1 exactly on generated ids.
+
+        May be called at any point (an episode that failed early builds what it has; before
+        `start` the stream is empty)."""
         out_info = dict(info or {})
         out_info["template_divergences"] = len(self._divergences)
         if self._divergences:
@@ -272,12 +278,16 @@ class TrajectoryBuilder:
             )
             for t in self._turns
         )
+        def cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+            # An episode that failed before its first prompt has an empty stream (T = 0).
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
         return Trajectory(
             task_id=self.task_id if task_id is None else task_id,
-            token_ids=np.concatenate(self._ids).astype(np.int32),
-            loss_mask=np.concatenate(self._mask).astype(np.int8),
-            logprobs=np.concatenate(self._logprobs).astype(np.float32),
-            versions=np.concatenate(self._versions).astype(np.int32),
+            token_ids=cat(self._ids, np.int32),
+            loss_mask=cat(self._mask, np.int8),
+            logprobs=cat(self._logprobs, np.float32),
+            versions=cat(self._versions, np.int32),
             reward=float(reward),
             status=TrajectoryStatus(status),
             turns=turns,

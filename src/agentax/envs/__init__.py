@@ -21,6 +21,7 @@ from agentax.envs._gym import (
     parse_frozen_lake_action,
     parse_taxi_action,
 )
+from agentax.envs._reward import compute_reward
 from agentax.envs._swe import SWE_REPOS, SWEEnvironment, swe_tasks
 from agentax.envs._task import TaskEnvironment
 from agentax.envs._tool import ToolEnvironment
@@ -37,6 +38,7 @@ __all__ = [
     "SandboxCheck",
     "TaskEnvironment",
     "ToolEnvironment",
+    "compute_reward",
     "ensure_async_env",
     "format_frozen_lake",
     "format_taxi",

@@ -8,9 +8,10 @@ The public `reset` / `step` / `close` wrap them and guarantee, for the collector
   the `TrajectoryStatus` to record (TIMEOUT or ENV_ERROR) and a short `kind`, and is counted
   in `stats` — nothing else escapes from `reset` / `step`;
 * `max_steps` ends the episode with `done=True, truncated=True`;
-* after a failure the environment is marked broken: further steps raise `EnvError` at once;
-* each reset / step is recorded as an ENV_RESET / ENV_STEP span (agentax.trace), on the
-  caller's current track (the collector's episode track).
+* after a failure the environment is marked broken: further steps raise `EnvError` at once.
+
+The collector records ENV_RESET / ENV_STEP spans around these calls; environments record the
+TOOL_CALL and REWARD spans inside them (on the caller's current track).
 
 Synchronous environments (plain `reset` / `step` methods) are adapted by `ensure_async_env`,
 which runs them on a thread of their own so that a hung step can never starve a shared pool.
@@ -27,7 +28,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
-from agentax.trace import get_tracer, names
 
 __all__ = ["Environment", "EnvError", "ensure_async_env"]
 
@@ -143,8 +143,7 @@ class Environment(abc.ABC):
         st = self._state()
         st.update(task=task, step=0, done=False, broken=None)
         st["stats"]["resets"] += 1
-        with get_tracer().span(names.ENV_RESET, args={"env": type(self).__name__, "task_id": task.id}):
-            out = await self._guarded("reset", self._reset(task), self.reset_timeout_s)
+        out = await self._guarded("reset", self._reset(task), self.reset_timeout_s)
         if isinstance(out, str):
             out = Observation(content=out)
         if not isinstance(out, Observation):
@@ -173,8 +172,7 @@ class Environment(abc.ABC):
             raise RuntimeError("step() called after the episode ended (done=True); reset() first")
         st["step"] += 1
         st["stats"]["steps"] += 1
-        with get_tracer().span(names.ENV_STEP, args={"env": type(self).__name__, "step": st["step"]}):
-            out = await self._guarded("step", self._step(action), self.step_timeout_s)
+        out = await self._guarded("step", self._step(action), self.step_timeout_s)
         if not isinstance(out, StepResult):
             raise self._fail("step", "bad_return", f"_step returned {type(out).__name__}; expected StepResult")
         if not isinstance(out.observation, Observation):

@@ -33,13 +33,10 @@ def check_reward_fn(reward_fn: Any) -> RewardFn:
 
 
 async def compute_reward(reward_fn: RewardFn, task: Task, response: str, *, timeout_s: float | None) -> float:
-    """Return `reward_fn(task, response)` as a finite float, or raise EnvError(REWARD_ERROR)."""
+    """Return `reward_fn(task, response)` as a finite float, or raise EnvError(REWARD_ERROR).
+
+    Records no span itself (callers wrap it: environments use `traced_reward`)."""
     name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
-    with get_tracer().span(names.REWARD, args={"reward": name}):
-        return await _compute(reward_fn, name, task, response, timeout_s)
-
-
-async def _compute(reward_fn: RewardFn, name: str, task: Task, response: str, timeout_s: float | None) -> float:
     try:
         if inspect.iscoroutinefunction(reward_fn) or inspect.iscoroutinefunction(getattr(reward_fn, "__call__", None)):
             value = await asyncio.wait_for(reward_fn(task, response), timeout_s)
@@ -76,3 +73,9 @@ async def _compute(reward_fn: RewardFn, name: str, task: Task, response: str, ti
             call="step",
         )
     return out
+
+
+async def traced_reward(reward_fn: RewardFn, task: Task, response: str, *, timeout_s: float | None) -> float:
+    """`compute_reward` inside a REWARD span (for rewards computed inside an environment step)."""
+    with get_tracer().span(names.REWARD, args={"reward": getattr(reward_fn, "__name__", "reward")}):
+        return await compute_reward(reward_fn, task, response, timeout_s=timeout_s)

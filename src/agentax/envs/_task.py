@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentax.envs._base import Environment
-from agentax.envs._reward import RewardFn, check_reward_fn, compute_reward
+from agentax.envs._reward import RewardFn, check_reward_fn, traced_reward
 from agentax.records import Action, Observation, StepResult, Task
 
 __all__ = ["TaskEnvironment"]
@@ -50,5 +50,5 @@ class TaskEnvironment(Environment):
         task = self.task
         assert task is not None
         response = action.final_answer if action.final_answer is not None else action.text
-        reward = await compute_reward(self.reward_fn, task, response, timeout_s=self.reward_timeout_s)
+        reward = await traced_reward(self.reward_fn, task, response, timeout_s=self.reward_timeout_s)
         return StepResult(observation=Observation(), reward=reward, done=True, info={"response_chars": len(response)})

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentax.envs._base import Environment
-from agentax.envs._reward import RewardFn, check_reward_fn, compute_reward
+from agentax.envs._reward import RewardFn, check_reward_fn, traced_reward
 from agentax.records import Action, Observation, StepResult, Task, ToolCall, ToolResult
 from agentax.tools import Tool, ToolRegistry, truncate_output
 from agentax.trace import get_tracer, names
@@ -92,7 +92,7 @@ class ToolEnvironment(Environment):
         """Reward of the final answer; default `reward_fn(task, answer)`."""
         if self.reward_fn is None:
             raise ValueError(f"{type(self).__name__} needs a reward_fn (or override _score)")
-        return await compute_reward(self.reward_fn, task, answer, timeout_s=self.reward_timeout_s)
+        return await traced_reward(self.reward_fn, task, answer, timeout_s=self.reward_timeout_s)
 
     # ------------------------------------------------------------------ episode
 
