@@ -187,7 +187,7 @@ class Pipeline:
     async def _train(self, groups: list[Group], wait_s: float, t_start: float) -> StepRecord:
         groups.sort(key=lambda g: int(g.group_id[1:]))  # deterministic order inside a step
         staleness = tuple(group_staleness(g, self.version) for g in groups)
-        flows = [self.tracer.new_flow_id() for _ in groups]
+        flows = [t.info["flow_id"] for g in groups for t in g.trajectories if "flow_id" in t.info]
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         with self.tracer.span(

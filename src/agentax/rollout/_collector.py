@@ -104,15 +104,18 @@ class Collector:
         """Runs one episode to its end; never raises except on cancellation."""
         tracer = self.tracer
         track = names.episode_track(f"{group_id}/{sample_index}")
+        flow = tracer.new_flow_id()
         with tracer.span(
-            names.EPISODE, track=track,
+            names.EPISODE, track=track, flow_out=(flow,),
             args={names.ARG_EPISODE_ID: f"{group_id}/{sample_index}", "task_id": task.id},
         ) as span:
-            traj = await self._run(task, seed, group_id, sample_index)
+            traj = await self._run(task, seed, group_id, sample_index, flow)
             span.set_arg(names.ARG_STATUS, traj.status.value)
             return traj
 
-    async def _run(self, task: Task, seed: int, group_id: str, sample_index: int) -> Trajectory:
+    async def _run(
+        self, task: Task, seed: int, group_id: str, sample_index: int, flow: int
+    ) -> Trajectory:
         cfg = self.config
         agent = self.agent_factory()
         env: Environment = ensure_async_env(self.env_factory())
@@ -144,7 +147,7 @@ class Collector:
                 except EnvError as e:
                     state.fail(e.status, e.kind, str(e))
         timings = {"episode_s": time.perf_counter() - t0, **state.timings}
-        info = {"reason": state.reason, "turns": state.turns, **state.info}
+        info = {"reason": state.reason, "turns": state.turns, "flow_id": flow, **state.info}
         if not builder._started:  # failed before the first prompt: an empty stream
             builder.start([])
         return builder.build(
