@@ -62,7 +62,6 @@ IGNORED_HF_FIELDS: dict[str, str] = {
     "chunk_size_feed_forward": "chunking of the MLP; same result",
     "is_encoder_decoder": "always False for these decoder-only families",
     "tokenizer_class": "tokenizer setting",
-    "use_mrope": "must be false (multimodal RoPE is rejected when true)",
 }
 """config.json keys read by no math in agentax, with the reason each one is safe to skip."""
 
