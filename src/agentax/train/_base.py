@@ -34,6 +34,7 @@ from agentax.train._step import (
     LossSpec,
     accumulate_grads,
     apply_update,
+    init_optimizer,
 )
 
 __all__ = ["TrainerBase", "ValueHead"]
@@ -87,9 +88,7 @@ class TrainerBase:
         self._params, self._rest = tree, rest
         self._tx = make_optimizer(config)
         self._schedule = make_schedule(config)
-        self._opt_state = jax.jit(self._tx.init)(self._params)
-        self._acc = jax.jit(lambda p: {"grads": jax.tree.map(jnp.zeros_like, p),
-                                       "loss": jnp.zeros((), jnp.float32)})(self._params)
+        self._opt_state, self._acc = init_optimizer(self._params, tx=self._tx)
         self._batch_sharding = batch_sharding(mesh) if mesh is not None else None
         self._row_multiple = data_parallel_size(mesh)
         self._compiles = CompileCounter()
@@ -134,6 +133,18 @@ class TrainerBase:
     def export_model(self) -> Transformer:
         """A plain `Transformer` (LoRA merged, original compute dtype) for export or eval."""
         return nnx.merge(self._plain_graphdef, self.params_for_engine())
+
+    def export_pretrained(self, path, **kwargs) -> None:
+        """Writes the current policy (LoRA merged) as a Hugging Face safetensors checkpoint.
+
+        Calls `agentax.models.save_pretrained(model, path, **kwargs)`.
+        """
+        from agentax import models
+        save = getattr(models, "save_pretrained", None)
+        if save is None:
+            raise NotImplementedError("agentax.models.save_pretrained is not available in this "
+                                      "build; export params_for_engine() yourself")
+        save(self.export_model(), path, **kwargs)
 
     @property
     def num_compiles(self) -> int:

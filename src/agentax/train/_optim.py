@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import optax
 
@@ -12,17 +14,20 @@ __all__ = ["make_optimizer", "make_schedule"]
 
 def make_schedule(config: TrainerConfig) -> optax.Schedule:
     """Learning rate per optimizer update: linear warmup, then cosine decay (or constant)."""
-    peak = config.learning_rate
-    if config.decay_steps > 0:
+    return _schedule(config.learning_rate, config.warmup_steps, config.decay_steps,
+                     config.min_lr_ratio)
+
+
+def _schedule(peak, warmup_steps, decay_steps, min_lr_ratio) -> optax.Schedule:
+    if decay_steps > 0:
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0 if config.warmup_steps else peak, peak_value=peak,
-            warmup_steps=config.warmup_steps,
-            decay_steps=config.warmup_steps + config.decay_steps,
-            end_value=peak * config.min_lr_ratio)
-    if config.warmup_steps > 0:
+            init_value=0.0 if warmup_steps else peak, peak_value=peak,
+            warmup_steps=warmup_steps, decay_steps=warmup_steps + decay_steps,
+            end_value=peak * min_lr_ratio)
+    if warmup_steps > 0:
         return optax.join_schedules(
-            [optax.linear_schedule(0.0, peak, config.warmup_steps), optax.constant_schedule(peak)],
-            [config.warmup_steps])
+            [optax.linear_schedule(0.0, peak, warmup_steps), optax.constant_schedule(peak)],
+            [warmup_steps])
     return optax.constant_schedule(peak)
 
 
@@ -32,10 +37,22 @@ def _decay_mask(params):
 
 
 def make_optimizer(config: TrainerConfig) -> optax.GradientTransformation:
-    """clip_by_global_norm (optional) -> AdamW(schedule) with matrix-only weight decay."""
+    """clip_by_global_norm (optional) -> AdamW(schedule) with matrix-only weight decay.
+
+    Equal hyper-parameters give the *same* object, so trainers built with equal configs share
+    the compiled update kernel (the transformation is a static jit argument).
+    """
+    c = config
+    return _cached_optimizer(c.learning_rate, c.warmup_steps, c.decay_steps, c.min_lr_ratio,
+                             c.weight_decay, c.adam_b1, c.adam_b2, c.adam_eps, c.max_grad_norm)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_optimizer(lr, warmup_steps, decay_steps, min_lr_ratio, weight_decay, b1, b2, eps,
+                      max_grad_norm) -> optax.GradientTransformation:
     adamw = optax.adamw(
-        learning_rate=make_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
-        eps=config.adam_eps, weight_decay=config.weight_decay, mask=_decay_mask)
-    if config.max_grad_norm is None:
+        learning_rate=_schedule(lr, warmup_steps, decay_steps, min_lr_ratio), b1=b1, b2=b2,
+        eps=eps, weight_decay=weight_decay, mask=_decay_mask)
+    if max_grad_norm is None:
         return adamw
-    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)

@@ -27,7 +27,7 @@ from agentax import algos
 from agentax.train._batch import Batch
 
 __all__ = ["LossSpec", "GraphDefs", "CompileCounter", "accumulate_grads", "apply_update",
-           "score_tokens", "compute_advantages", "SUM_METRICS"]
+           "score_tokens", "compute_advantages", "init_optimizer", "SUM_METRICS"]
 
 # Metrics that are already normalised by the whole-batch count: micro-batch values add up.
 SUM_METRICS = frozenset({"loss", "pg_loss", "kl", "vf_loss", "entropy", "nll", "num_tokens",
@@ -187,6 +187,13 @@ def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransf
     opt_state = jax.tree.map(keep, new_opt, opt_state)
     zero = {"grads": jax.tree.map(jnp.zeros_like, grads), "loss": jnp.zeros((), jnp.float32)}
     return params, opt_state, zero, {"grad_norm": grad_norm, "applied": ok, "loss": acc["loss"]}
+
+
+@functools.partial(jax.jit, static_argnames=("tx",))
+def init_optimizer(params, *, tx: optax.GradientTransformation):
+    """(optimizer state, zeroed gradient accumulator) for `params`."""
+    acc = {"grads": jax.tree.map(jnp.zeros_like, params), "loss": jnp.zeros((), jnp.float32)}
+    return tx.init(params), acc
 
 
 @functools.partial(jax.jit, static_argnames=("graphdefs",))
