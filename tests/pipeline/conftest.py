@@ -57,6 +57,16 @@ class Parts:
 
 
 @pytest.fixture
+def tasks():
+    return TASKS
+
+
+@pytest.fixture
+def flaky_env():
+    return FlakyEnv
+
+
+@pytest.fixture
 def make_parts():
     made = []
 

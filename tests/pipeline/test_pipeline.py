@@ -10,7 +10,6 @@ import pytest
 
 from agentax.pipeline import Pipeline, PipelineConfig, group_staleness
 from agentax.records import TrajectoryStatus
-from conftest import TASKS, FlakyEnv
 
 
 def _record_groups(trainer):
@@ -25,17 +24,17 @@ def _record_groups(trainer):
     return seen
 
 
-def _run(parts, steps, **cfg):
+def _run(parts, steps, tasks, **cfg):
     seen = _record_groups(parts.trainer)
     config = PipelineConfig(group_size=3, groups_per_step=2, max_concurrency=8, filters=(), **cfg)
-    result = Pipeline(parts.collector, parts.trainer, parts.engine, TASKS, config).run(steps)
+    result = Pipeline(parts.collector, parts.trainer, parts.engine, tasks, config).run(steps)
     return result, seen
 
 
-def test_async_staleness_zero_reproduces_sync(make_parts):
+def test_async_staleness_zero_reproduces_sync(make_parts, tasks):
     sync_parts, async_parts = make_parts(), make_parts()
-    sync_res, sync_groups = _run(sync_parts, 3, mode="sync", max_staleness=0)
-    async_res, async_groups = _run(async_parts, 3, mode="async", max_staleness=0)
+    sync_res, sync_groups = _run(sync_parts, 3, tasks, mode="sync", max_staleness=0)
+    async_res, async_groups = _run(async_parts, 3, tasks, mode="async", max_staleness=0)
     assert len(sync_groups) == len(async_groups) == 3
     for gs, ga in zip(sync_groups, async_groups):
         assert [g.group_id for g in gs] == [g.group_id for g in ga]
@@ -56,9 +55,9 @@ def test_async_staleness_zero_reproduces_sync(make_parts):
 
 
 @pytest.mark.parametrize("max_staleness", [1, 2])
-def test_async_bounds_staleness_and_versions_tokens(make_parts, max_staleness):
+def test_async_bounds_staleness_and_versions_tokens(make_parts, tasks, max_staleness):
     parts = make_parts()
-    result, seen = _run(parts, 4, mode="async", max_staleness=max_staleness)
+    result, seen = _run(parts, 4, tasks, mode="async", max_staleness=max_staleness)
     assert len(result.steps) == 4
     for rec in result.steps:
         assert max(rec.staleness) <= max_staleness
@@ -69,10 +68,10 @@ def test_async_bounds_staleness_and_versions_tokens(make_parts, max_staleness):
     result.accounting.check()
 
 
-def test_fault_injection_keeps_accounting(make_parts):
+def test_fault_injection_keeps_accounting(make_parts, tasks, flaky_env):
     rng = random.Random(0)
-    parts = make_parts(env_factory=lambda: FlakyEnv(rng))
-    result, _ = _run(parts, 3, mode="async", max_staleness=1)
+    parts = make_parts(env_factory=lambda: flaky_env(rng))
+    result, _ = _run(parts, 3, tasks, mode="async", max_staleness=1)
     acc = result.accounting
     acc.check()
     assert acc.trained == 3 * 2 * 3
@@ -81,13 +80,13 @@ def test_fault_injection_keeps_accounting(make_parts):
     assert acc.started == acc.trained + acc.num_filtered + acc.num_failed
 
 
-def test_all_equal_filter_drops_and_counts(make_parts):
+def test_all_equal_filter_drops_and_counts(make_parts, tasks):
     from agentax.envs import TaskEnvironment
 
     parts = make_parts(env_factory=lambda: TaskEnvironment(lambda task, resp: 1.0))
     config = PipelineConfig(group_size=2, groups_per_step=1, max_concurrency=4, mode="async",
                             max_staleness=1)
-    pipeline = Pipeline(parts.collector, parts.trainer, parts.engine, TASKS, config)
+    pipeline = Pipeline(parts.collector, parts.trainer, parts.engine, tasks, config)
 
     import asyncio
 
@@ -103,6 +102,8 @@ def test_all_equal_filter_drops_and_counts(make_parts):
     asyncio.run(run_briefly())
     assert pipeline.accounting.filtered["all_equal_rewards"] > 0
     assert pipeline.accounting.trained == 0
+    # Cancelled mid-run (as on Ctrl-C): nothing hangs and every episode is still accounted for.
+    pipeline.accounting.check()
 
 
 def test_group_staleness():

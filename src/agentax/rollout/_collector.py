@@ -20,8 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agentax.agents import Agent, TrajectoryBuilder
-from agentax.envs import EnvError, Environment, ensure_async_env
-from agentax.envs._reward import compute_reward
+from agentax.envs import EnvError, Environment, compute_reward, ensure_async_env
 from agentax.records import Completion, SamplingParams, Task, Trajectory, TrajectoryStatus
 from agentax.trace import get_tracer, names
 
@@ -148,8 +147,6 @@ class Collector:
                     state.fail(e.status, e.kind, str(e))
         timings = {"episode_s": time.perf_counter() - t0, **state.timings}
         info = {"reason": state.reason, "turns": state.turns, "flow_id": flow, **state.info}
-        if not builder._started:  # failed before the first prompt: an empty stream
-            builder.start([])
         return builder.build(
             state.reward, state.status, sample_index=sample_index, group_id=group_id,
             timings=timings, info=info,
