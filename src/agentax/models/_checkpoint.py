@@ -42,7 +42,8 @@ def read_hf_config(path: str | os.PathLike, *, strict: bool = True) -> ModelConf
     if not path.is_dir():
         raise FileNotFoundError(
             f"checkpoint path '{path}' is not a directory; agentax loads local Hugging Face "
-            "checkpoints (config.json + *.safetensors), e.g. from `hf download <repo> --local-dir DIR`"
+            "checkpoints (config.json + *.safetensors), e.g. from "
+            "`hf download <repo> --local-dir DIR`"
         )
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -130,6 +131,9 @@ def load_pretrained(
         overrides.update(dtype=dtype, param_dtype=dtype)
     if param_dtype is not None:
         overrides["param_dtype"] = param_dtype
+    bad = {k: v for k, v in overrides.items() if v not in _NP_DTYPES}
+    if bad:
+        raise ValueError(f"unsupported {bad}; use 'float32' or 'bfloat16'")
     config = dataclasses.replace(config, **overrides)
 
     files = _tensor_files(path)
@@ -143,7 +147,9 @@ def load_pretrained(
             + "; config.json does not match the weights (check num_hidden_layers, "
             "tie_word_embeddings, attention_bias, mlp_bias) or the download is incomplete"
         )
-    extra = sorted(n for n in set(files) - set(table) if not is_ignorable_hf_tensor(n, config, prefix))
+    extra = sorted(
+        n for n in set(files) - set(table) if not is_ignorable_hf_tensor(n, config, prefix)
+    )
     if extra:
         raise ValueError(
             f"checkpoint '{path}' has unexpected tensor '{extra[0]}'"
@@ -164,7 +170,8 @@ def load_pretrained(
             for name in names:
                 spec = table[name]
                 var = targets[spec.path]
-                filled[spec.path] = var.replace(_as_param(f.get_tensor(name), name, spec, var.value))
+                array = _as_param(f.get_tensor(name), name, spec, var.value)
+                filled[spec.path] = var.replace(array)
     left = sorted(set(targets) - set(filled))
     if left:  # a table/model mismatch: a bug in agentax, not in the checkpoint
         raise RuntimeError(f"agentax param table does not cover model parameters {left}")
@@ -216,7 +223,10 @@ def save_pretrained(
             old.unlink()
     weight_map = {}
     for i, names in enumerate(shards):
-        file = _SINGLE if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        file = (
+            _SINGLE if len(shards) == 1
+            else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        )
         tensors = {}
         for name in names:
             spec = table[name]

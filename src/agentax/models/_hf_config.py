@@ -183,7 +183,8 @@ def _rope(f: _Fields, params: dict | None, where: str, theta_default: float, max
     params = dict(params or {})
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in _ROPE_KEYS:
-        f.reject(where, f"rope type '{kind}' is not implemented (supported: default, linear, llama3)")
+        f.reject(where, f"rope type '{kind}' is not implemented "
+                 "(supported: default, linear, llama3)")
         kind = "default"
     extra = sorted(set(params) - _ROPE_KEYS[kind] - {"partial_rotary_factor"})
     if extra:
@@ -229,7 +230,8 @@ def _rope_fields(f: _Fields, family: str, max_pos: int) -> dict:
         th, sc = _rope(f, merged, where, theta or 10000.0, max_pos)
         return dict(rope_theta=th, rope_scaling=sc)
     if params and not nested:
-        f.reject("rope_parameters", "Gemma 3 expects {'full_attention': ..., 'sliding_attention': ...}")
+        f.reject("rope_parameters",
+                 "Gemma 3 expects {'full_attention': ..., 'sliding_attention': ...}")
         params = None
     params = params or {}
     local_theta = f("rope_local_base_freq")
@@ -306,7 +308,8 @@ def config_from_hf(config_json: dict, *, strict: bool = True) -> ModelConfig:
         f.reject("quantization_config", "quantised checkpoints are not supported; use bf16/fp32")
     act = f(act_key)
     if act not in _ACTIVATIONS:
-        f.reject(act_key, f"activation '{act}' is not implemented (use one of {sorted(_ACTIVATIONS)})")
+        f.reject(act_key, f"activation '{act}' is not implemented "
+                 f"(use one of {sorted(_ACTIVATIONS)})")
     dtype_name = f("dtype") if f.has("dtype") else f("torch_dtype")
     f("dtype"), f("torch_dtype")
     if dtype_name not in _DTYPES:
@@ -398,7 +401,9 @@ def config_to_hf(config: ModelConfig) -> dict:
         scalar = c.q_scale**-2
         hf.update(
             attention_bias=c.qkv_bias,
-            query_pre_attn_scalar=int(round(scalar)) if abs(scalar - round(scalar)) < 1e-6 else scalar,
+            query_pre_attn_scalar=(
+                int(round(scalar)) if abs(scalar - round(scalar)) < 1e-6 else scalar
+            ),
             sliding_window=c.sliding_window,
             layer_types=[t + "_attention" for t in layer_types],
             attn_logit_softcapping=None,
