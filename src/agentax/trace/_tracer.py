@@ -25,6 +25,7 @@ from agentax.trace._files import TRACE_FILENAME
 
 # Event kinds in the buffer. Every record is an 8-tuple:
 # (kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)
+# except finished `Span`s, which the buffer holds as they are (see `Span.record`).
 SPAN, INSTANT, COUNTER = 0, 1, 2
 
 DEFAULT_CAPACITY = 1 << 20
@@ -62,9 +63,15 @@ NOOP_SPAN = _NoopSpan()
 
 
 class Span:
-    """An open span; use as a context manager (`with tracer.span(...) as s:`)."""
+    """An open span; use as a context manager (`with tracer.span(...) as s:`).
 
-    __slots__ = ("_tracer", "name", "track", "args", "flow_out", "flow_in", "start_ns", "_token")
+    Built by `Tracer.span` without running an `__init__` (one frame less on the hot path);
+    `__enter__` takes the start time and track, `__exit__` takes the end time and appends the
+    span object itself to the buffer (no record tuple is allocated; `record()` makes one).
+    """
+
+    __slots__ = ("_tracer", "name", "track", "args", "flow_out", "flow_in", "start_ns", "end_ns",
+                 "_token")
 
     def __init__(self, tracer: "Tracer", name: str, track: Any, args: dict | None,
                  flow_out: tuple, flow_in: tuple) -> None:
@@ -74,14 +81,24 @@ class Span:
         self.args = args
         self.flow_out = flow_out
         self.flow_in = flow_in
-        self._token = None
 
     def __enter__(self) -> "Span":
         tracer = self._tracer
-        if self.track is None:
-            self.track = tracer._current_track.get() or tracer._thread_track()
+        track = self.track
+        current = tracer._current_track
+        if track is None:
+            self._token = None
+            track = current.get()
+            if track is None:
+                try:
+                    track = tracer._tls.track
+                except AttributeError:
+                    track = tracer._thread_track()
+            self.track = track
+        elif track == current.get():
+            self._token = None  # already current: nothing to set or undo
         else:
-            self._token = tracer._current_track.set(self.track)
+            self._token = current.set(track)
         self.start_ns = tracer._clock()
         return self
 
@@ -93,19 +110,30 @@ class Span:
                 tracer._current_track.reset(self._token)
             except ValueError:  # exited in another context (e.g. a generator); nothing to undo
                 pass
-        args = self.args
+        self.end_ns = end_ns
         if exc_type is not None:
-            args = dict(args or ())
-            args["error"] = exc_type.__name__
-        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, args,
-                        self.flow_out, self.flow_in))
+            self.args = {**self.args, "error": exc_type.__name__} if self.args else \
+                {"error": exc_type.__name__}
+        events = tracer._events
+        if len(events) >= tracer.capacity:
+            tracer._dropped += 1
+        events.append(self)
         return False
 
+    def record(self) -> tuple:
+        """The finished span as a buffer record tuple (see `Tracer.take_events`)."""
+        return (SPAN, self.start_ns, self.end_ns, self.track, self.name, self.args,
+                self.flow_out, self.flow_in)
+
     def set_arg(self, key: str, value: Any) -> None:
-        """Attach an argument known only inside the span (e.g. the episode status)."""
-        if self.args is None:
-            self.args = {}
-        self.args[key] = value
+        """Attach an argument known only inside the span (e.g. the episode status).
+
+        Copies the args (never mutates the mapping passed to `Tracer.span`).
+        """
+        self.args = {**self.args, key: value} if self.args else {key: value}
+
+
+_new_span = object.__new__
 
 
 class Tracer:
@@ -164,14 +192,21 @@ class Tracer:
           name: what the span is (prefer `agentax.trace.names` constants).
           track: None for the current track (context's, else the thread's); a string names a
             custom track, which becomes the current track for everything nested inside.
-          args: small key/value annotations (str, int, float, bool).
+          args: small key/value annotations (str, int, float, bool); not copied (the writer
+            encodes it later), so do not mutate the mapping after passing it.
           flow_out: flow ids that start here (an arrow to the span that takes them in).
           flow_in: flow ids that end here.
         """
         if not self.enabled:
             return NOOP_SPAN
-        return Span(self, name, track, dict(args) if args else None,
-                    tuple(flow_out), tuple(flow_in))
+        span = _new_span(Span)
+        span._tracer = self
+        span.name = name
+        span.track = track
+        span.args = args or None
+        span.flow_out = tuple(flow_out) if flow_out else ()
+        span.flow_in = tuple(flow_in) if flow_in else ()
+        return span
 
     def complete(self, name: str, start_ns: int, end_ns: int, *, track: str | None = None,
                  args: Mapping[str, Any] | None = None, flow_out: Iterable[int] = (),
@@ -198,7 +233,10 @@ class Tracer:
         if not self.enabled:
             return
         ts = self._clock() if ts_ns is None else int(ts_ns)
-        self._record((COUNTER, ts, ts, None, name, float(value), (), ()))
+        events = self._events
+        if len(events) >= self.capacity:
+            self._dropped += 1
+        events.append((COUNTER, ts, ts, None, name, float(value), (), ()))
 
     def new_flow_id(self) -> int:
         """A fresh id to connect a producer span (flow_out) to a consumer span (flow_in)."""
@@ -222,7 +260,7 @@ class Tracer:
         return DeviceSpan(self, name, track, dict(args) if args else None)
 
     # -- output ---------------------------------------------------------------------------
-    def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
+    def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.5,
               process_name: str = "agentax") -> str:
         """Write this tracer's events to a Perfetto trace file from now on.
 
@@ -259,11 +297,17 @@ class Tracer:
             self._last_writer = writer
 
     def take_events(self) -> list[tuple]:
-        """Remove and return the buffered events (what the writer consumes)."""
+        """Remove and return the buffered events as record tuples (what the writer consumes):
+        ``(kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)``."""
+        return [e if e.__class__ is tuple else e.record() for e in self._pop_events()]
+
+    def _pop_events(self, limit: int | None = None) -> list:
+        """Remove and return up to `limit` buffered entries (tuples, or finished `Span`s)."""
         events, out = self._events, []
+        pop, append = events.popleft, out.append
         try:
-            for _ in range(len(events)):
-                out.append(events.popleft())
+            for _ in range(len(events) if limit is None else min(limit, len(events))):
+                append(pop())
         except IndexError:
             pass
         return out

@@ -15,11 +15,14 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import struct
 import sys
 import threading
+import time
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from agentax.trace._tracer import COUNTER, INSTANT, SPAN, ThreadTrack
@@ -49,6 +52,13 @@ class _Lane:
     def place(self, start: int, end: int) -> int | None:
         """Place [start, end] if it nests with what is here; returns the start to write."""
         starts, ends, origins = self.starts, self.ends, self.origins
+        if not starts or (ends[-1] <= start and origins[-1] < start):  # after all: append
+            starts.append(start)
+            ends.append(end)
+            origins.append(start)
+            if len(starts) > 2 * _MAX_ROOTS:
+                del starts[:_MAX_ROOTS], ends[:_MAX_ROOTS], origins[:_MAX_ROOTS]
+            return start
         i = bisect.bisect_left(starts, start - _SLACK_NS)
         if i > 0 and ends[i - 1] > start:
             return None  # overlaps the end of an earlier span without containing it
@@ -76,7 +86,7 @@ def _annotate(event: pb.TrackEvent, args: dict, name_iid) -> None:
         ann.name_iid = name_iid(key)
         if isinstance(value, bool):
             ann.bool_value = value
-        elif isinstance(value, int):
+        elif isinstance(value, int) and -(1 << 63) <= value < (1 << 63):
             ann.int_value = value
         elif isinstance(value, float):
             ann.double_value = value
@@ -89,21 +99,69 @@ def _annotate(event: pb.TrackEvent, args: dict, name_iid) -> None:
                 ann.string_value = repr(value)
 
 
+_COUNTER_ZERO = struct.pack("<d", 0.0)
+# Track uuids all lie in [2**62, 2**63): their varints are 9 bytes, so a template (a packet
+# without its track uuid) has one byte layout for every track.
+_UUID_BASE = 1 << 62
+_UUID_PLACEHOLDERS = (_UUID_BASE, (1 << 63) - 1)
+_UUID_BYTES = 9
+_MAX_TEMPLATES = 4096  # distinct arg/flow templates cached before the cache is reset
+
+
+def _varint_nbytes(values: np.ndarray) -> np.ndarray:
+    """Bytes of the base-128 varint of each uint64 (1..10)."""
+    nbytes = np.ones(values.shape, dtype=np.int64)
+    for k in range(1, 10):
+        nbytes += values >= np.uint64(1 << (7 * k))
+    return nbytes
+
+
+def _put_varints(out: np.ndarray, pos: np.ndarray, values: np.ndarray,
+                 nbytes: np.ndarray) -> None:
+    """Write varint(values[i]) at out[pos[i]:pos[i] + nbytes[i]] (vectorized)."""
+    for k in range(int(nbytes.max(initial=1))):
+        sel = nbytes > k
+        byte = ((values[sel] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        byte |= np.where(nbytes[sel] > k + 1, 0x80, 0).astype(np.uint8)
+        out[pos[sel] + k] = byte
+
+
+def _ragged_copy(out: np.ndarray, dst: np.ndarray, src_buf: np.ndarray, src: np.ndarray,
+                 lens: np.ndarray) -> None:
+    """out[dst[i]:dst[i] + lens[i]] = src_buf[src[i]:src[i] + lens[i]] for every i."""
+    total = int(lens.sum())
+    if not total:
+        return
+    within = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+    out[np.repeat(dst, lens) + within] = src_buf[np.repeat(src, lens) + within]
+
+
 class PacketEncoder:
-    """Turns buffered tracer events into serialized `Trace` bytes, keeping per-trace state."""
+    """Turns buffered tracer events into serialized `Trace` bytes, keeping per-trace state.
+
+    Every packet is made by the perfetto protos (generated classes): descriptors and interned
+    names as messages; an event packet as a *template* -- the `TracePacket` serialized by the
+    protos without its timestamp (and, for a counter, without the value) -- cached per
+    (event type, track, name[, args, flows]). Per event only the timestamp (and counter value)
+    differ, so a batch is assembled from `(template, timestamp, value)` rows with numpy:
+    the `Trace.packet` key and length, the `TracePacket.timestamp` key and varint, the
+    template, and the counter's little-endian double. `encode(..., reference=True)` builds
+    the same packets with the generated classes instead (tests check both give equal bytes).
+    """
 
     def __init__(self, *, pid: int | None = None, process_name: str = "agentax") -> None:
         self.pid = os.getpid() if pid is None else pid
         self.process_name = process_name
-        self._next_uuid = (self.pid & 0xFFFF) << 32 | 1
+        self._next_uuid = _UUID_BASE | (self.pid & 0xFFFF) << 32 | 1
         self._tracks: dict[Any, int] = {}  # (track, lane) | ("counter", name) -> uuid
         self._groups: dict[str, int] = {}
         self._lanes: dict[Any, list[_Lane]] = {}
         self._event_names: dict[str, int] = {}
         self._arg_names: dict[str, int] = {}
         self._process_uuid = 0
-        self._trace: pb.Trace | None = None
+        self._desc: pb.Trace | None = None
         self._interned: pb.InternedData | None = None
+        self._reset_templates()
 
     # -- interning / descriptors -----------------------------------------------------------
     def _uuid(self) -> int:
@@ -111,7 +169,7 @@ class PacketEncoder:
         return self._next_uuid
 
     def _packet(self) -> pb.TracePacket:
-        packet = self._trace.packet.add()
+        packet = self._desc.packet.add()
         packet.trusted_packet_sequence_id = SEQUENCE_ID
         return packet
 
@@ -176,7 +234,12 @@ class PacketEncoder:
         return uuid
 
     def _place(self, track: Any, start: int, end: int) -> tuple[int, int]:
-        lanes = self._lanes.setdefault(track, [])
+        lanes = self._lanes.get(track)
+        if lanes is None:
+            lanes = self._lanes[track] = [_Lane()]
+        placed = lanes[0].place(start, end)
+        if placed is not None:
+            return 0, placed
         for lane_index, lane in enumerate(lanes):
             placed = lane.place(start, end)
             if placed is not None:
@@ -185,10 +248,84 @@ class PacketEncoder:
         lanes.append(lane)
         return len(lanes) - 1, lane.place(start, end)
 
+    # -- templates --------------------------------------------------------------------------
+    def _template(self, kind: int, name: str | None, args: dict | None = None,
+                  flow_out: tuple = (), flow_in: tuple = ()) -> int:
+        """Index of a new template: the event packet serialized by the protos, split around the
+        track uuid (and, for a counter, without the value)."""
+        packet = pb.TracePacket(trusted_packet_sequence_id=SEQUENCE_ID)
+        ev = packet.track_event
+        ev.type = kind
+        if kind == _COUNTER:
+            ev.double_counter_value = 0.0
+        else:
+            packet.sequence_flags = _NEEDS
+            if name is not None:
+                ev.name_iid = self._name_iid(name)
+            if args:
+                _annotate(ev, args, self._arg_iid)
+            if flow_out:
+                ev.flow_ids.extend(flow_out)
+            if flow_in:
+                ev.terminating_flow_ids.extend(flow_in)
+        serialized = []
+        for uuid in _UUID_PLACEHOLDERS:
+            ev.track_uuid = uuid
+            serialized.append(packet.SerializeToString())
+        a, b = serialized
+        at = next(i for i in range(len(a)) if a[i] != b[i])  # where the uuid varint starts
+        prefix, suffix = a[:at], a[at + _UUID_BYTES:]
+        if len(a) != len(b) or suffix != b[at + _UUID_BYTES:]:
+            raise AssertionError("track uuid placeholders did not serialize to equal lengths")
+        if kind == _COUNTER:  # the value is the packet's last field: 8 value bytes follow
+            if not suffix.endswith(_COUNTER_ZERO):
+                raise AssertionError("counter value is not the last field of its packet")
+            suffix = suffix[:-8]
+        self._template_full.append(a)
+        self._template_prefix.append(prefix)
+        self._template_suffix.append(suffix)
+        self._template_kinds.append(kind == _COUNTER)
+        return len(self._template_full) - 1
+
+    def _cached(self, key: Any, kind: int, name: str | None, args: dict | None = None,
+                flow_out: tuple = (), flow_in: tuple = ()) -> int:
+        templates = self._templates
+        try:
+            tid = templates.get(key)
+        except TypeError:  # an unhashable arg value: build one for this event only
+            return self._template(kind, name, args, flow_out, flow_in)
+        if tid is None:
+            tid = templates[key] = self._template(kind, name, args, flow_out, flow_in)
+        return tid
+
+    def _sync_templates(self) -> None:
+        count = len(self._template_full)
+        if count == len(self._template_counter):
+            return
+        self._template_counter = np.array(self._template_kinds, dtype=np.int64)
+        for part in ("prefix", "suffix"):
+            chunks = getattr(self, f"_template_{part}")
+            lens = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=count)
+            setattr(self, f"_{part}_len", lens)
+            setattr(self, f"_{part}_off", np.cumsum(lens) - lens)
+            setattr(self, f"_{part}_buf", np.frombuffer(b"".join(chunks), dtype=np.uint8))
+
+    def _reset_templates(self) -> None:
+        self._templates = {}
+        self._template_full = []
+        self._template_prefix = []
+        self._template_suffix = []
+        self._template_kinds = []
+        self._template_counter = np.zeros(0, dtype=np.int64)
+
     # -- encoding ---------------------------------------------------------------------------
-    def encode(self, events: list[tuple]) -> bytes:
-        """Serialize `events` (tracer records) as `Trace` bytes to append to the file."""
-        self._trace = pb.Trace()
+    def encode(self, events: list, *, reference: bool = False) -> bytes:
+        """Serialize `events` (buffer entries: record tuples or finished `Span`s) as `Trace`
+        bytes to append to the file. `reference=True` assembles the event packets with the
+        generated protobuf classes instead of the template fast path (same bytes, slower)."""
+        if len(self._template_full) > _MAX_TEMPLATES:
+            self._reset_templates()
+        self._desc = pb.Trace()
         header = self._packet()
         self._interned = header.interned_data
         if not self._process_uuid:
@@ -200,64 +337,140 @@ class PacketEncoder:
             desc.process.process_name = self.process_name
         else:
             header.sequence_flags = _NEEDS
+        rows = [e.record() if e.__class__ is not tuple else e for e in events]
         # Children end before parents; ties: the inner (later-starting) span first.
-        events.sort(key=lambda e: (e[2], -e[1]))
-        for kind, start, end, track, name, payload, flow_out, flow_in in events:
+        rows.sort(key=_START, reverse=True)  # two stable sorts, C keys: by end, then -start
+        rows.sort(key=_END_KEY)
+        templates = self._templates
+        cached = self._cached
+        stamps: list[int] = []
+        uuids: list[int] = []
+        ids: list[int] = []
+        values: list[float] = []  # counter value per packet (0.0 where none)
+        put_ts, put_uuid, put_id, put_value = stamps.append, uuids.append, ids.append, values.append
+        end_tid = templates.get(_END)
+        if end_tid is None:
+            end_tid = templates[_END] = self._template(_END, None)
+        for kind, start, end, track, name, payload, flow_out, flow_in in rows:
             if kind == SPAN:
                 lane, start = self._place(track, start, end)
                 uuid = self._track_uuid(track, lane)
-                packet = self._packet()
-                packet.timestamp = start
-                packet.sequence_flags = _NEEDS
-                ev = packet.track_event
-                ev.type = _BEGIN
-                ev.track_uuid = uuid
-                ev.name_iid = self._name_iid(name)
-                if payload:
-                    _annotate(ev, payload, self._arg_iid)
-                if flow_out:
-                    ev.flow_ids.extend(flow_out)
-                if flow_in:
-                    ev.terminating_flow_ids.extend(flow_in)
-                packet = self._packet()
-                packet.timestamp = end
-                packet.sequence_flags = _NEEDS
-                packet.track_event.type = _END
-                packet.track_event.track_uuid = uuid
+                if payload or flow_out or flow_in:
+                    tid = cached((name, _args_key(payload), flow_out, flow_in), _BEGIN, name,
+                                 payload, flow_out, flow_in)
+                else:
+                    tid = templates.get(name)
+                    if tid is None:
+                        tid = cached(name, _BEGIN, name)
+                put_ts(start)
+                put_uuid(uuid)
+                put_id(tid)
+                put_value(0.0)
+                put_ts(end)
+                put_uuid(uuid)
+                put_id(end_tid)
+                put_value(0.0)
             elif kind == INSTANT:
-                uuid = self._track_uuid(track, 0)
-                packet = self._packet()
-                packet.timestamp = start
-                packet.sequence_flags = _NEEDS
-                ev = packet.track_event
-                ev.type = _INSTANT
-                ev.track_uuid = uuid
-                ev.name_iid = self._name_iid(name)
-                if payload:
-                    _annotate(ev, payload, self._arg_iid)
+                tid = cached((_INSTANT, name, _args_key(payload)), _INSTANT, name, payload)
+                put_ts(start)
+                put_uuid(self._track_uuid(track, 0))
+                put_id(tid)
+                put_value(0.0)
             elif kind == COUNTER:
-                uuid = self._counter_uuid(name)
-                packet = self._packet()
-                packet.timestamp = start
-                packet.track_event.type = _COUNTER
-                packet.track_event.track_uuid = uuid
-                packet.track_event.double_counter_value = payload
-        data = self._trace.SerializeToString()
-        self._trace = self._interned = None
-        return data
+                tid = templates.get(_COUNTER)
+                if tid is None:
+                    tid = cached(_COUNTER, _COUNTER, None)
+                put_ts(start)
+                put_uuid(self._counter_uuid(name))
+                put_id(tid)
+                put_value(payload)
+        head = self._desc.SerializeToString()
+        self._desc = self._interned = None
+        if reference:
+            return head + self._assemble_reference(stamps, uuids, ids, values)
+        return head + self._assemble(stamps, uuids, ids, values)
+
+    def _assemble_reference(self, stamps: list[int], uuids: list[int], ids: list[int],
+                            values: list[float]) -> bytes:
+        trace = pb.Trace()
+        for ts, uuid, tid, value in zip(stamps, uuids, ids, values):
+            packet = trace.packet.add()
+            packet.MergeFromString(self._template_full[tid])
+            packet.timestamp = ts
+            packet.track_event.track_uuid = uuid
+            if packet.track_event.type == _COUNTER:
+                packet.track_event.double_counter_value = value
+        return trace.SerializeToString()
+
+    def _assemble(self, stamps: list[int], uuids: list[int], ids: list[int],
+                  values: list[float]) -> bytes:
+        """Frame + timestamp + template prefix + uuid + template suffix [+ value] per packet."""
+        if not stamps:
+            return b""
+        self._sync_templates()
+        ts = np.array(stamps, dtype=np.uint64)
+        uuid = np.array(uuids, dtype=np.uint64)
+        tid = np.array(ids, dtype=np.int64)
+        plen, slen = self._prefix_len[tid], self._suffix_len[tid]
+        is_counter = self._template_counter[tid]
+        ts_nb = _varint_nbytes(ts)
+        body = 1 + ts_nb + plen + _UUID_BYTES + slen + 8 * is_counter
+        body_u = body.astype(np.uint64)
+        len_nb = _varint_nbytes(body_u)
+        size = 1 + len_nb + body
+        offsets = np.cumsum(size) - size
+        out = np.empty(int(size.sum()), dtype=np.uint8)
+        out[offsets] = 0x0A  # Trace.packet: field 1, length-delimited
+        _put_varints(out, offsets + 1, body_u, len_nb)
+        pos = offsets + 1 + len_nb
+        out[pos] = 0x40  # TracePacket.timestamp: field 8, varint
+        _put_varints(out, pos + 1, ts, ts_nb)
+        pos = pos + 1 + ts_nb
+        _ragged_copy(out, pos, self._prefix_buf, self._prefix_off[tid], plen)
+        pos = pos + plen
+        _put_varints(out, pos, uuid, np.full(len(uuid), _UUID_BYTES, dtype=np.int64))
+        pos = pos + _UUID_BYTES
+        _ragged_copy(out, pos, self._suffix_buf, self._suffix_off[tid], slen)
+        counters = np.flatnonzero(is_counter)
+        if len(counters):
+            value_bytes = np.array(values, dtype="<f8").view(np.uint8).reshape(-1, 8)
+            dst = (pos + slen)[counters]
+            out[dst[:, None] + np.arange(8)] = value_bytes[counters]
+        return out.tobytes()
+
+
+_START, _END_KEY = itemgetter(1), itemgetter(2)
+
+
+def _args_key(args: dict | None) -> tuple:
+    """A cache key for args (types included: 1, 1.0 and True are different annotations)."""
+    if not args:
+        return ()
+    return tuple(args.items()), tuple(map(type, args.values()))
 
 
 class PerfettoWriter:
-    """A daemon thread that drains a tracer every `flush_interval_s` and appends to `path`."""
+    """A daemon thread that drains a tracer and appends to `path`.
 
-    def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
-                 process_name: str = "agentax", max_batch: int = 50_000) -> None:
+    It wakes every `flush_interval_s`, but writes only when `min_batch` events are waiting or
+    `max_interval_s` passed since its last write (few large batches: less CPU, fewer GIL
+    handovers); `drain()` (`Tracer.flush`) writes everything at once. Batches are encoded in
+    chunks of at most `max_batch` events with a GIL handover between chunks, so the threads
+    doing the real work never wait long for the writer.
+    """
+
+    def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.5,
+                 process_name: str = "agentax", max_batch: int = 8192, min_batch: int = 4096,
+                 max_interval_s: float | None = None) -> None:
         self.path = path
         self.events_written = 0
         self.bytes_written = 0
         self._tracer = tracer
         self._interval = flush_interval_s
+        self._max_interval = max(flush_interval_s, 2.0) if max_interval_s is None \
+            else max_interval_s
         self._max_batch = max_batch
+        self._min_batch = min_batch
         self._encoder = PacketEncoder(process_name=process_name)
         self._file = open(path, "wb")
         self._lock = threading.Lock()
@@ -269,34 +482,36 @@ class PerfettoWriter:
         self._thread.start()
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self._interval):
+            if (len(self._tracer._events) < self._min_batch
+                    and time.monotonic() - last < self._max_interval):
+                continue
             try:
-                self.drain()
+                self.drain(yield_between=True)
             except Exception as err:  # never kill the run for a trace; say so once
                 print(f"agentax.trace: writer failed, tracing to {self.path} stops: {err!r}",
                       file=sys.stderr)
                 return
+            last = time.monotonic()
 
-    def drain(self) -> None:
+    def drain(self, *, yield_between: bool = False) -> None:
         """Encode and append everything buffered now."""
         with self._lock:
             if self._file.closed:
                 return
-            events = self._tracer._events
-            while events:
-                batch = []
-                pop = events.popleft
-                try:
-                    for _ in range(min(len(events), self._max_batch)):
-                        batch.append(pop())
-                except IndexError:
-                    pass
+            pending = len(self._tracer._events)
+            while pending > 0:
+                batch = self._tracer._pop_events(min(pending, self._max_batch))
                 if not batch:
                     break
+                pending -= len(batch)
                 data = self._encoder.encode(batch)
                 self._file.write(data)
                 self.events_written += len(batch)
                 self.bytes_written += len(data)
+                if yield_between and pending > 0:
+                    time.sleep(0)  # hand the GIL to the threads doing the real work
             self._file.flush()
 
     def stop(self) -> None:
