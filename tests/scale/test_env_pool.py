@@ -11,7 +11,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from flax import nnx  # noqa: E402
+
 from agentax.envs import EnvError, ensure_async_env  # noqa: E402
+from agentax.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from agentax.records import Action, Task, TrajectoryStatus  # noqa: E402
 from agentax.scale import RayEnvPool, RemoteEnvironment  # noqa: E402
 from agentax.scale.testing import SleepyEnv  # noqa: E402
@@ -140,7 +143,7 @@ def test_hung_actor_times_out_and_is_replaced():
         outer.shutdown()
     for err in (err_inner, err_outer):
         assert err.status is TrajectoryStatus.TIMEOUT and err.kind == "timeout" and err.call == "step"
-    assert s_inner.call_timeouts == 0 and s_outer.call_timeouts == 1
+    assert s_inner.call_timeouts == 0 and s_outer.call_timeouts == 1 == s_outer.calls_abandoned
     for s, after in ((s_inner, after_inner), (s_outer, after_outer)):
         assert s.actors_replaced == 1 and s.actors_started == 2
         assert after[-1].done  # the replacement served a whole episode
@@ -165,3 +168,48 @@ def test_bad_factory_fails_episode_not_run():
         pool.shutdown()
     assert err.status is TrajectoryStatus.ENV_ERROR and err.kind == "actor_start"
     assert pool.stats().start_failures == 1
+
+
+class RepublishTrainer:
+    """A trainer that learns nothing: it records the groups it is given and republishes the
+    initial weights, so the pipeline's wiring, versions and accounting run for real."""
+
+    def __init__(self, state):
+        self.state = state
+        self.groups = []
+
+    def step(self, groups):
+        self.groups.extend(groups)
+        return {}
+
+    def params_for_engine(self):
+        return self.state
+
+
+def test_pipeline_with_remote_environments_balances_the_books():
+    """The async pipeline over remote environments, one of which crashes the actor hosting it:
+    the crashed group is failed and counted, the run completes, every episode is accounted."""
+    model = make_model()
+    engine = make_engine(model)
+    pool = RayEnvPool(functools.partial(SleepyEnv, num_steps=2, crash_on=("crash",)), 2, num_cpus=0.25)
+    trainer = RepublishTrainer(nnx.state(model))
+    try:
+        collector = make_collector(engine, pool.factory)
+        tasks = lambda i: Task(id="crash" if i == 1 else f"t{i}", prompt="hi")  # noqa: E731
+        config = PipelineConfig(group_size=2, groups_per_step=2, max_concurrency=4, max_staleness=1,
+                                filters=())
+        result = Pipeline(collector, trainer, engine, tasks, config).run(3)
+        stats = pool.stats()
+    finally:
+        engine.shutdown()
+        pool.shutdown()
+    acc = result.accounting
+    acc.check()  # started == trained + filtered + failed, nothing in flight
+    assert acc.started == acc.trained + acc.num_filtered + acc.num_failed
+    assert acc.trained == 3 * 2 * 2 == sum(len(g.trajectories) for g in trainer.groups)
+    assert acc.failed["env_error"] >= 1 and acc.statuses["env_error"] == acc.failed["env_error"]
+    assert "g1" not in {g.group_id for g in trainer.groups}
+    assert engine.policy_version == 3
+    # Episodes still running when the run ended were cancelled; their actors were retired too.
+    assert stats.actor_deaths >= 1
+    assert stats.actors_replaced == stats.actor_deaths + stats.calls_abandoned

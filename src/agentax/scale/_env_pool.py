@@ -121,7 +121,10 @@ class RayEnvPoolStats:
     """Actors retired after a death or a timeout (a replacement is started for each)."""
     actor_deaths: int
     call_timeouts: int
-    """Remote calls abandoned at the proxy's timeout (the actor is then killed)."""
+    """Remote calls that ran past the proxy's own limit (the environment's limit did not fire)."""
+    calls_abandoned: int
+    """Remote calls given up before they returned (timed out, or the episode was cancelled);
+    the actor may still be running them, so it is killed and replaced."""
     start_failures: int
     """Actors whose environment failed to build or did not start in `start_timeout_s`."""
     reset_retries: int
@@ -241,8 +244,8 @@ class RayEnvPool:
                 size=self.size, live_actors=self._live, idle_actors=len(self._idle),
                 leased_actors=len(self._leased), waiting_episodes=len(self._waiters),
                 actors_started=c["started"], actors_replaced=c["replaced"], actor_deaths=c["deaths"],
-                call_timeouts=c["call_timeouts"], start_failures=c["start_failures"],
-                reset_retries=c["reset_retries"], episodes=c["episodes"],
+                call_timeouts=c["call_timeouts"], calls_abandoned=c["abandoned"],
+                start_failures=c["start_failures"], reset_retries=c["reset_retries"], episodes=c["episodes"],
             )
 
     def actor_handles(self, *, leased_only: bool = False) -> list[Any]:
@@ -333,8 +336,7 @@ class RayEnvPool:
         try:
             slot.limits = await asyncio.wait_for(_as_future(slot.ready_ref), self.start_timeout_s)
         except asyncio.CancelledError:
-            slot.tainted = True
-            self._give_back(slot)
+            self._give_back(slot)  # still starting, not busy: the next lease waits for it
             raise
         except TimeoutError:
             self._counts["start_failures"] += 1
@@ -486,7 +488,7 @@ class RemoteEnvironment(Environment):
         except asyncio.CancelledError:
             # Timed out here (or the episode was cancelled): the actor may still be busy.
             slot.tainted = True
-            pool._counts["call_timeouts"] += 1
+            pool._counts["abandoned"] += 1
             raise
         except ray.exceptions.RayActorError as e:
             slot.dead = True
@@ -506,6 +508,13 @@ class RemoteEnvironment(Environment):
         if status == TrajectoryStatus.TIMEOUT.value:
             slot.tainted = True  # a hung call may still hold the environment's thread
         raise EnvError(message, status=TrajectoryStatus(status), kind=kind, call=method)
+
+    def _fail(
+        self, call: str, kind: str, message: str, status: TrajectoryStatus = TrajectoryStatus.ENV_ERROR
+    ) -> EnvError:
+        if kind == "timeout":  # only the proxy's own limit ends up here; the actor's come as EnvError
+            self._pool._counts["call_timeouts"] += 1
+        return super()._fail(call, kind, message, status)
 
     def __repr__(self) -> str:
         n = None if self._slot is None else self._slot.number
