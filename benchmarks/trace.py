@@ -6,8 +6,12 @@ with flows from episodes to train steps) on a virtual-time event loop, so every 
 sleep is free and the run is pure Python scheduling work. This is the worst case for tracing
 overhead: in a real run the same spans wrap milliseconds of model/env time.
 
-Figures:
+Figures (medians over runs that alternate off/on in one process):
   tracing_overhead        (time with tracing + background writer) / (time with tracing off) - 1
+  tracing_overhead_cpu    the same ratio of process CPU time (all threads: the writer's too)
+  tracing_overhead_pipeline  the same wall-time ratio for a real tiny Pipeline run (tiny byte
+                          model, real engine/trainer/collector, as in tests/pipeline), compile
+                          excluded; `--no-pipeline` skips it
   trace_bytes_per_episode bytes of Perfetto trace per episode
   writer_cost_growth      writer time for the last 10% of a long run / for the first 10%
                           (1.0 = incremental: writing does not get slower as the file grows)
@@ -31,49 +35,74 @@ from agentax.trace._synthetic import SyntheticRun, run_workload, virtual_time_lo
 
 
 def _run_once(cfg: SyntheticRun, enabled: bool, out_dir: str,
-              virtual: bool = False) -> tuple[float, int]:
+              virtual: bool = False) -> tuple[float, int, float]:
     if virtual:
         loop, clock = virtual_time_loop()
         tracer = Tracer(clock=lambda: int(clock[0] * 1e9), enabled=enabled)
     else:
         loop, tracer = asyncio.new_event_loop(), Tracer(enabled=enabled)
     path = tracer.start(out_dir) if enabled else None
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         loop.run_until_complete(run_workload(cfg, tracer))
         tracer.close()
     finally:
         loop.close()
-    elapsed = time.perf_counter() - start
-    return elapsed, os.path.getsize(path) if path else 0
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return elapsed, os.path.getsize(path) if path else 0, cpu
 
 
 def overhead(cfg: SyntheticRun, repeats: int, *, virtual: bool, key: str) -> dict:
-    on, off, size = [], [], 0
+    on, off, cpu_on, cpu_off, size = [], [], [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeats):  # interleave so machine noise hits both alike
-            off.append(_run_once(cfg, False, tmp, virtual)[0])
-            elapsed, size = _run_once(cfg, True, os.path.join(tmp, f"on{r}"), virtual)
-            on.append(elapsed)
+        for r in range(repeats):  # alternate (order flipped each pair) so noise hits both alike
+            for enabled in ((False, True) if r % 2 == 0 else (True, False)):
+                elapsed, nbytes, cpu = _run_once(cfg, enabled, os.path.join(tmp, f"run{r}"),
+                                                 virtual)
+                (on if enabled else off).append(elapsed)
+                (cpu_on if enabled else cpu_off).append(cpu)
+                size = nbytes or size
     episodes = cfg.train_steps * cfg.groups_per_step * cfg.group_size
     t_on, t_off = statistics.median(on), statistics.median(off)
-    return {key: round(t_on / t_off - 1.0, 4),
+    c_on, c_off = statistics.median(cpu_on), statistics.median(cpu_off)
+    # Per-pair ratios too: each pair ran back to back, so their median is the least noisy.
+    pairs = statistics.median(a / b - 1.0 for a, b in zip(on, off))
+    return {key: round(t_on / t_off - 1.0, 4), f"{key}_paired": round(pairs, 4),
+            f"{key}_cpu": round(c_on / c_off - 1.0, 4),
             "trace_bytes_per_episode": round(size / episodes, 1),
-            f"{key}_run_s_on": round(t_on, 4), f"{key}_run_s_off": round(t_off, 4)}
+            f"{key}_run_s_on": round(t_on, 4), f"{key}_run_s_off": round(t_off, 4),
+            f"{key}_repeats": repeats}
 
 
-def span_cost_ns(n: int) -> dict:
-    """Hot-path cost of one span (enter + exit + buffer append), tracing on and off."""
-    out = {}
-    for enabled in (True, False):
-        tracer = Tracer(enabled=enabled, capacity=n + 1)
-        start = time.perf_counter_ns()
+def span_cost_ns(n: int, repeats: int = 7) -> dict:
+    """Hot-path cost of one span (enter + exit + buffer append), tracing on and off, in thread
+    CPU time (robust on a shared machine); median of `repeats` alternated runs. Also the cost
+    with args and a custom track, and of a counter sample."""
+    def plain(tracer):
         for _ in range(n):
             with tracer.span(names.ENV_STEP):
                 pass
-        out["span_cost_ns_" + ("on" if enabled else "off")] = round(
-            (time.perf_counter_ns() - start) / n, 1)
-    return out
+
+    def with_args(tracer):
+        for i in range(n):
+            with tracer.span(names.ENV_STEP, track="episode/1", args={"turn": i}):
+                pass
+
+    def counter(tracer):
+        for i in range(n):
+            tracer.counter(names.ENGINE_ACTIVE_SLOTS, i)
+
+    samples: dict[str, list] = {}
+    for _ in range(repeats):
+        for label, fn, enabled in (("on", plain, True), ("off", plain, False),
+                                   ("on_args_track", with_args, True),
+                                   ("counter", counter, True)):
+            tracer = Tracer(enabled=enabled, capacity=n + 1)
+            start = time.thread_time_ns()
+            fn(tracer)
+            samples.setdefault(label, []).append((time.thread_time_ns() - start) / n)
+    return {f"span_cost_ns_{k}" if k != "counter" else "counter_cost_ns":
+            round(statistics.median(v), 1) for k, v in samples.items()}
 
 
 def writer_growth(episodes: int, chunks: int = 20) -> dict:
@@ -116,11 +145,80 @@ def writer_growth(episodes: int, chunks: int = 20) -> dict:
             "writer_episodes": per_chunk * chunks}
 
 
+def pipeline_overhead(steps: int, repeats: int) -> dict:
+    """A real tiny Pipeline (as in tests/pipeline) run with tracing on and off, alternated."""
+    from flax import nnx
+
+    from agentax.agents import ModelAgent
+    from agentax.engine import Engine, EngineConfig
+    from agentax.envs import TaskEnvironment
+    from agentax.models import ModelConfig, Transformer
+    from agentax.pipeline import Pipeline, PipelineConfig
+    from agentax.records import SamplingParams, Task
+    from agentax.rollout import Collector, CollectorConfig
+    from agentax.text import ByteTokenizer
+    from agentax.trace import get_tracer, set_enabled
+    from agentax.train import RLTrainer, TrainerConfig
+
+    model_cfg = ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
+                                 num_heads=2, num_kv_heads=1, head_dim=32)
+    tasks = [Task(id=f"t{i}", prompt=f"Say {w}.") for i, w in
+             enumerate(["hi", "yes", "abc", "ok", "no", "hey"])]
+
+    def reward(task, response):
+        return sum(c in "aeiou" for c in response) / max(len(response), 1)
+
+    tok = ByteTokenizer()
+    model = Transformer(model_cfg, rngs=nnx.Rngs(0))
+    engine = Engine(model, EngineConfig(max_slots=8, max_seq_len=128, prefill_chunk=64,
+                                        decode_steps_per_call=2),
+                    eos_token_ids=tok.eos_token_ids, tokenizer=tok)
+    trainer = RLTrainer(model, TrainerConfig(learning_rate=3e-3, micro_batch_size=8,
+                                             max_seq_len=128, min_seq_bucket=64,
+                                             off_policy="tis", is_cap=2.0))
+    collector = Collector(engine, tok, lambda: TaskEnvironment(reward),
+                          lambda: ModelAgent(system_prompt=None),
+                          SamplingParams(temperature=1.0, max_tokens=12),
+                          CollectorConfig(max_turns=2, max_episode_tokens=120,
+                                          model_timeout_s=60, episode_timeout_s=60))
+    config = PipelineConfig(group_size=3, groups_per_step=2, max_concurrency=8, filters=(),
+                            mode="async", max_staleness=1)
+    tracer, was_enabled = get_tracer(), get_tracer().enabled
+    on, off = [], []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            set_enabled(False)
+            Pipeline(collector, trainer, engine, tasks, config).run(2)  # warm-up: compile
+            for r in range(repeats):
+                for enabled in ((False, True) if r % 2 == 0 else (True, False)):
+                    set_enabled(enabled)
+                    if enabled:
+                        tracer.start(os.path.join(tmp, f"run{r}"))
+                    start = time.perf_counter()
+                    Pipeline(collector, trainer, engine, tasks, config).run(steps)
+                    if enabled:
+                        tracer.close()
+                    (on if enabled else off).append(time.perf_counter() - start)
+    finally:
+        set_enabled(was_enabled)
+        engine.shutdown()
+    t_on, t_off = statistics.median(on), statistics.median(off)
+    return {"tracing_overhead_pipeline": round(t_on / t_off - 1.0, 4),
+            "tracing_overhead_pipeline_paired": round(
+                statistics.median(a / b - 1.0 for a, b in zip(on, off)), 4),
+            "tracing_overhead_pipeline_run_s_on": round(t_on, 4),
+            "tracing_overhead_pipeline_run_s_off": round(t_off, 4),
+            "tracing_overhead_pipeline_repeats": repeats,
+            "tracing_overhead_pipeline_steps": steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small run (< 1 min on 2 cores)")
+    parser.add_argument("--no-pipeline", action="store_true",
+                        help="skip the real tiny pipeline variant (needs JAX, compiles)")
     args = parser.parse_args()
-    steps, repeats, episodes = (30, 3, 2_000) if args.quick else (200, 5, 40_000)
+    steps, repeats, episodes = (30, 4, 2_000) if args.quick else (200, 9, 40_000)
     # Real time, a fast environment: 4 ms model calls and env steps, 10 ms train steps.
     real = SyntheticRun(train_steps=steps, max_concurrency=16, max_slots=16, max_staleness=2,
                         model_s=0.004, env_s=0.004, env_sigma=0.3, tool_s=0.001,
@@ -130,9 +228,13 @@ def main() -> None:
     virtual = dataclasses.replace(real, max_concurrency=32)
     worst = overhead(virtual, repeats, virtual=True, key="tracing_overhead_cpu_bound")
     worst.pop("trace_bytes_per_episode")
+    worst.pop("tracing_overhead_cpu_bound_repeats")
     result.update(worst)
     result.update(span_cost_ns(20_000 if args.quick else 200_000))
     result.update(writer_growth(episodes=episodes))
+    if not args.no_pipeline:
+        result.update(pipeline_overhead(steps=2 if args.quick else 4,
+                                        repeats=2 if args.quick else 6))
     result["workload"] = ("synthetic asyncio RL pipeline (agentax.trace._synthetic), episodes of "
                           "3 turns (model call, env step, tool call every other turn) + reward, "
                           "engine counters, trainer with flows; real time "

@@ -105,6 +105,7 @@ _COUNTER_ZERO = struct.pack("<d", 0.0)
 _UUID_BASE = 1 << 62
 _UUID_PLACEHOLDERS = (_UUID_BASE, (1 << 63) - 1)
 _UUID_BYTES = 9
+_UUID_MARK = bytes([11 << 3]) + b"\x80" * 8 + b"\x40"  # TrackEvent.track_uuid = 2**62
 _MAX_TEMPLATES = 4096  # distinct arg/flow templates cached before the cache is reset
 
 
@@ -116,14 +117,23 @@ def _varint_nbytes(values: np.ndarray) -> np.ndarray:
     return nbytes
 
 
+_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # 10 groups of 7 bits cover a uint64
+_COLUMNS = np.arange(10)
+
+
 def _put_varints(out: np.ndarray, pos: np.ndarray, values: np.ndarray,
-                 nbytes: np.ndarray) -> None:
+                 nbytes: np.ndarray | int) -> None:
     """Write varint(values[i]) at out[pos[i]:pos[i] + nbytes[i]] (vectorized)."""
-    for k in range(int(nbytes.max(initial=1))):
-        sel = nbytes > k
-        byte = ((values[sel] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        byte |= np.where(nbytes[sel] > k + 1, 0x80, 0).astype(np.uint8)
-        out[pos[sel] + k] = byte
+    width = int(nbytes if isinstance(nbytes, int) else nbytes.max(initial=1))
+    groups = ((values[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)).astype(np.uint8)
+    last = (nbytes if isinstance(nbytes, int) else nbytes[:, None]) - 1
+    groups |= np.where(_COLUMNS[:width] < last, 0x80, 0).astype(np.uint8)
+    where = pos[:, None] + _COLUMNS[:width]
+    if isinstance(nbytes, int):
+        out[where] = groups
+    else:
+        keep = _COLUMNS[:width] <= last
+        out[where[keep]] = groups[keep]
 
 
 def _ragged_copy(out: np.ndarray, dst: np.ndarray, src_buf: np.ndarray, src: np.ndarray,
@@ -268,15 +278,16 @@ class PacketEncoder:
                 ev.flow_ids.extend(flow_out)
             if flow_in:
                 ev.terminating_flow_ids.extend(flow_in)
-        serialized = []
-        for uuid in _UUID_PLACEHOLDERS:
-            ev.track_uuid = uuid
-            serialized.append(packet.SerializeToString())
-        a, b = serialized
-        at = next(i for i in range(len(a)) if a[i] != b[i])  # where the uuid varint starts
+        ev.track_uuid = _UUID_PLACEHOLDERS[0]
+        a = packet.SerializeToString()
+        at = a.find(_UUID_MARK) + 1  # where the uuid varint starts
+        if at == 0 or a.find(_UUID_MARK, at) != -1:  # ambiguous: find it by a second placeholder
+            ev.track_uuid = _UUID_PLACEHOLDERS[1]
+            b = packet.SerializeToString()
+            at = next(i for i in range(len(a)) if a[i] != b[i])
+            if len(a) != len(b) or a[at + _UUID_BYTES:] != b[at + _UUID_BYTES:]:
+                raise AssertionError("track uuid placeholders serialized to different lengths")
         prefix, suffix = a[:at], a[at + _UUID_BYTES:]
-        if len(a) != len(b) or suffix != b[at + _UUID_BYTES:]:
-            raise AssertionError("track uuid placeholders did not serialize to equal lengths")
         if kind == _COUNTER:  # the value is the packet's last field: 8 value bytes follow
             if not suffix.endswith(_COUNTER_ZERO):
                 raise AssertionError("counter value is not the last field of its packet")
@@ -299,16 +310,21 @@ class PacketEncoder:
         return tid
 
     def _sync_templates(self) -> None:
-        count = len(self._template_full)
-        if count == len(self._template_counter):
+        """Append the templates made since the last batch to the numpy copies."""
+        done, count = len(self._template_counter), len(self._template_full)
+        if done == count:
             return
-        self._template_counter = np.array(self._template_kinds, dtype=np.int64)
+        self._template_counter = np.concatenate(
+            [self._template_counter, np.array(self._template_kinds[done:], dtype=np.int64)])
         for part in ("prefix", "suffix"):
-            chunks = getattr(self, f"_template_{part}")
-            lens = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=count)
-            setattr(self, f"_{part}_len", lens)
-            setattr(self, f"_{part}_off", np.cumsum(lens) - lens)
-            setattr(self, f"_{part}_buf", np.frombuffer(b"".join(chunks), dtype=np.uint8))
+            chunks = getattr(self, f"_template_{part}")[done:]
+            lens = np.array([len(c) for c in chunks], dtype=np.int64)
+            old_buf, old_len = getattr(self, f"_{part}_buf"), getattr(self, f"_{part}_len")
+            setattr(self, f"_{part}_off", np.concatenate(
+                [getattr(self, f"_{part}_off"), len(old_buf) + np.cumsum(lens) - lens]))
+            setattr(self, f"_{part}_len", np.concatenate([old_len, lens]))
+            setattr(self, f"_{part}_buf", np.concatenate(
+                [old_buf, np.frombuffer(b"".join(chunks), dtype=np.uint8)]))
 
     def _reset_templates(self) -> None:
         self._templates = {}
@@ -317,6 +333,10 @@ class PacketEncoder:
         self._template_suffix = []
         self._template_kinds = []
         self._template_counter = np.zeros(0, dtype=np.int64)
+        for part in ("prefix", "suffix"):
+            for field in ("buf", "off", "len"):
+                setattr(self, f"_{part}_{field}",
+                        np.zeros(0, dtype=np.uint8 if field == "buf" else np.int64))
 
     # -- encoding ---------------------------------------------------------------------------
     def encode(self, events: list, *, reference: bool = False) -> bytes:
@@ -428,7 +448,7 @@ class PacketEncoder:
         pos = pos + 1 + ts_nb
         _ragged_copy(out, pos, self._prefix_buf, self._prefix_off[tid], plen)
         pos = pos + plen
-        _put_varints(out, pos, uuid, np.full(len(uuid), _UUID_BYTES, dtype=np.int64))
+        _put_varints(out, pos, uuid, _UUID_BYTES)
         pos = pos + _UUID_BYTES
         _ragged_copy(out, pos, self._suffix_buf, self._suffix_off[tid], slen)
         counters = np.flatnonzero(is_counter)
