@@ -1,0 +1,66 @@
+"""RayEngineReplica: an engine in a Ray actor behind an EngineRouter, next to a local engine.
+
+Slow (the actor imports JAX and compiles the engine on its own), so it runs in CI only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+ray = pytest.importorskip("ray")
+
+import scale_helpers  # noqa: E402
+from agentax.records import SamplingParams  # noqa: E402
+from agentax.scale import EngineRouter, RayEngineReplica  # noqa: E402
+from scale_helpers import TOKENIZER, make_engine, make_model  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def build_engine():
+    """Runs in the actor: the same tiny model (same seed) as the local engines."""
+    return make_engine(make_model())
+
+
+async def _conversations(engine):
+    async def one(i):
+        params = SamplingParams(temperature=1.0, max_tokens=4, seed=7 + i)
+        first = await engine.generate(TOKENIZER.encode(f"c{i}:"), params)
+        second = await engine.generate(TOKENIZER.encode(" go"), params, sequence_id=first.sequence_id)
+        engine.release(second.sequence_id)
+        return first, second
+
+    return await asyncio.gather(*(one(i) for i in range(4)))
+
+
+def test_ray_engine_replica_behind_router():
+    # The actor cannot import the tests directory: ship these helpers by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(scale_helpers)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    model = make_model()
+    single = make_engine(model)
+    router = EngineRouter([RayEngineReplica(build_engine, num_cpus=0.5), make_engine(model)])
+    try:
+        want = asyncio.run(_conversations(single))
+        got = asyncio.run(_conversations(router))
+        assert router.stats().routed == (2, 2)
+        for (wa, wb), (ga, gb) in zip(want, got):
+            np.testing.assert_array_equal(wa.token_ids, ga.token_ids)
+            np.testing.assert_array_equal(wb.token_ids, gb.token_ids)
+        router.update_weights(jax.tree.map(lambda x: x * 0.5, nnx.state(model)), 1)
+        after = asyncio.run(_conversations(router))
+        assert router.policy_version == 1
+        assert all(int(c.versions.min()) == 1 for pair in after for c in pair)
+    finally:
+        single.shutdown()
+        router.shutdown()
+        ray.shutdown()
