@@ -111,13 +111,16 @@ class Span:
             except ValueError:  # exited in another context (e.g. a generator); nothing to undo
                 pass
         self.end_ns = end_ns
+        args = self.args
         if exc_type is not None:
-            self.args = {**self.args, "error": exc_type.__name__} if self.args else \
-                {"error": exc_type.__name__}
+            args = {**args, "error": exc_type.__name__} if args else {"error": exc_type.__name__}
         events = tracer._events
         if len(events) >= tracer.capacity:
             tracer._dropped += 1
-        events.append(self)
+        # A tuple, not the span object: the collector untracks tuples of plain values, so a
+        # full buffer costs the cyclic GC nothing (a buffered object would be traversed).
+        events.append((SPAN, self.start_ns, end_ns, self.track, self.name, args,
+                       self.flow_out, self.flow_in))
         return False
 
     def record(self) -> tuple:
@@ -260,13 +263,14 @@ class Tracer:
         return DeviceSpan(self, name, track, dict(args) if args else None)
 
     # -- output ---------------------------------------------------------------------------
-    def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.5,
+    def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
               process_name: str = "agentax") -> str:
         """Write this tracer's events to a Perfetto trace file from now on.
 
         Args:
           path: a run directory (the file is `RUN_DIR/trace.perfetto-trace`) or a file path.
-          flush_interval_s: how often the background writer drains the buffer.
+          flush_interval_s: how often the background writer looks at the buffer (it writes
+            when 256 events wait or 2 s passed; `flush()` writes at once).
           process_name: the process track's name in the Perfetto UI.
         Returns:
           The trace file path.

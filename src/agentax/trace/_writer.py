@@ -479,8 +479,8 @@ class PerfettoWriter:
     doing the real work never wait long for the writer.
     """
 
-    def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.5,
-                 process_name: str = "agentax", max_batch: int = 8192, min_batch: int = 4096,
+    def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
+                 process_name: str = "agentax", max_batch: int = 8192, min_batch: int = 256,
                  max_interval_s: float | None = None) -> None:
         self.path = path
         self.events_written = 0
