@@ -188,7 +188,8 @@ def pipeline_overhead(steps: int, repeats: int) -> dict:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             set_enabled(False)
-            Pipeline(collector, trainer, engine, tasks, config).run(2)  # warm-up: compile
+            for _ in range(2):  # warm-up: compile every kernel and sequence bucket
+                Pipeline(collector, trainer, engine, tasks, config).run(steps)
             for r in range(repeats):
                 for enabled in ((False, True) if r % 2 == 0 else (True, False)):
                     set_enabled(enabled)
@@ -234,7 +235,7 @@ def main() -> None:
     result.update(writer_growth(episodes=episodes))
     if not args.no_pipeline:
         result.update(pipeline_overhead(steps=2 if args.quick else 4,
-                                        repeats=2 if args.quick else 6))
+                                        repeats=4 if args.quick else 8))
     result["workload"] = ("synthetic asyncio RL pipeline (agentax.trace._synthetic), episodes of "
                           "3 turns (model call, env step, tool call every other turn) + reward, "
                           "engine counters, trainer with flows; real time "
