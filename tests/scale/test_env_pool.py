@@ -92,7 +92,8 @@ def test_collector_survives_killed_and_crashed_actors():
 
         async def kill_victim_mid_step():
             while True:  # the victim's first step blocks inside the actor until it is killed
-                victim = [e for e in proxies if e.task is not None and e.task.id == "victim" and e.num_steps >= 1]
+                victim = [e for e in proxies
+                          if e.task is not None and e.task.id == "victim" and e.num_steps >= 1]
                 if victim and victim[0].actor is not None:
                     await asyncio.sleep(0.1)
                     ray.kill(victim[0].actor)

@@ -154,14 +154,16 @@ _DEVICES_CHECK = textwrap.dedent(
         first = await asyncio.gather(*(router.generate(TOKENIZER.encode(f"p{i}"), p)
                                       for i, p in enumerate(ps)))
         router.update_weights(jax.tree.map(lambda x: x * 0.5, nnx.state(model)), 1)
-        second = await asyncio.gather(*(router.generate(TOKENIZER.encode("more"), p, sequence_id=c.sequence_id)
+        more = TOKENIZER.encode("more")
+        second = await asyncio.gather(*(router.generate(more, p, sequence_id=c.sequence_id)
                                        for c, p in zip(first, ps)))
         return first, second
 
     first, second = asyncio.run(go())
     stats = router.stats()
     assert stats.routed == (2, 2), stats.routed
-    assert [router.replica_of(c.sequence_id) for c in first] == [router.replica_of(c.sequence_id) for c in second]
+    homes_of = lambda cs: [router.replica_of(c.sequence_id) for c in cs]  # noqa: E731
+    assert homes_of(first) == homes_of(second)
     # Published weights were placed on each replica's own device.
     homes = [{d for leaf in jax.tree.leaves(e._weights) for d in leaf.devices()} for e in engines]
     assert homes == [{jax.devices()[0]}, {jax.devices()[2]}], homes

@@ -398,7 +398,8 @@ def _settle_threadsafe(fut: asyncio.Future, *, result: Any = None, exc: BaseExce
 
 
 def _pool_closed_error() -> EnvError:
-    return EnvError("RayEnvPool is shut down", status=TrajectoryStatus.ENV_ERROR, kind="pool_closed", call="reset")
+    return EnvError("RayEnvPool is shut down", status=TrajectoryStatus.ENV_ERROR, kind="pool_closed",
+                    call="reset")
 
 
 def _kill(ray: Any, actor: Any) -> None:

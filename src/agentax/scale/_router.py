@@ -70,9 +70,12 @@ class EngineRouter:
         if not replicas:
             raise ValueError("EngineRouter needs at least one replica")
         for i, r in enumerate(replicas):
-            missing = [m for m in ("generate", "release", "update_weights") if not callable(getattr(r, m, None))]
+            missing = [m for m in ("generate", "release", "update_weights")
+                       if not callable(getattr(r, m, None))]
             if missing:
-                raise TypeError(f"replica {i} ({type(r).__name__}) lacks {', '.join(missing)}(); pass engines")
+                raise TypeError(
+                    f"replica {i} ({type(r).__name__}) lacks {', '.join(missing)}(); pass engines"
+                )
         if placements is not None and len(placements) != len(replicas):
             raise ValueError(f"got {len(placements)} placements for {len(replicas)} replicas")
         self.replicas = tuple(replicas)
@@ -158,7 +161,9 @@ class EngineRouter:
         if route is None:
             from agentax.engine import SequenceError  # noqa: PLC0415
 
-            raise SequenceError(f"unknown sequence_id {sequence_id}: it was released or never issued by this router")
+            raise SequenceError(
+                f"unknown sequence_id {sequence_id}: it was released or never issued by this router"
+            )
         index, local = route
         completion = await self._call(index, prompt_ids, params, local)
         return dataclasses.replace(completion, sequence_id=int(sequence_id))
