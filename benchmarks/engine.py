@@ -197,12 +197,16 @@ def main() -> None:
         r["wall_s"] = time.perf_counter() - t
         print(f"[{name}] " + ", ".join(f"{k}={v:.3g}" for k, v in r.items()), flush=True)
         results[name] = r
-    figures = {f"{name}/{k}": round(float(v), 4) for name, r in results.items() for k, v in r.items()}
+    figures = {
+        f"{name}/{k}": round(float(v), 4) for name, r in results.items() for k, v in r.items()
+    }
     head = list(results)[-1]  # the largest preset run
     for key in ("continuous_over_static", "over_transformers", "continuation_over_reprefill",
                 "kv_cache_bytes", "compiles"):
         figures[key] = figures[f"{head}/{key}"]
-    figures["workload"] = "lognormal outputs (median 24), prompts 16-64; 4-turn episodes, 50 ms tools"
+    figures["workload"] = (
+        "lognormal outputs (median 24), prompts 16-64; 4-turn episodes, 50 ms tools"
+    )
     if not args.quick:
         out = Path(__file__).parent / "results" / "engine.json"
         out.parent.mkdir(exist_ok=True)

@@ -48,7 +48,7 @@ def random_prompts(rng: np.random.Generator, n: int, lo: int, hi: int, vocab: in
 
 
 def make_hf_model(family: str, seed: int = 0):
-    """A tiny float32 random `transformers` causal LM (weights scaled up so argmax ties are rare)."""
+    """A tiny float32 random `transformers` causal LM (large init: argmax ties are rare)."""
     import torch
     import transformers
 

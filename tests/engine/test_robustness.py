@@ -150,9 +150,10 @@ def test_200_random_requests_compile_a_handful_of_times(model):
     rng = np.random.default_rng(0)
     prompts = random_prompts(rng, 200, 1, 70)
     params = [
-        SamplingParams(temperature=float(rng.choice([0.0, 0.8, 1.0])), top_k=int(rng.integers(0, 5)),
-                       top_p=float(rng.choice([1.0, 0.9])), max_tokens=int(rng.integers(1, 8)),
-                       seed=i)
+        SamplingParams(
+            temperature=float(rng.choice([0.0, 0.8, 1.0])), top_k=int(rng.integers(0, 5)),
+            top_p=float(rng.choice([1.0, 0.9])), max_tokens=int(rng.integers(1, 8)), seed=i,
+        )
         for i in range(200)
     ]
     with Engine(model, config) as engine:

@@ -3,8 +3,8 @@
 Both take `(model_def, weights, cache, ...)` where `model_def = (graphdef, treedef)` is static
 and `weights` is the flat list of parameter arrays (`jax.tree.leaves(state)`: a plain list
 keeps per-call dispatch in JAX's C++ fast path). They donate the cache (updated in place) and
-never the weights (the trainer may share them). Shapes are fixed per engine: prefill compiles once per
-chunk bucket, decode once.
+never the weights (the trainer may share them). Shapes are fixed per engine: prefill compiles
+once per chunk bucket, decode once.
 """
 
 from __future__ import annotations
