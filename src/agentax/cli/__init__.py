@@ -1,1 +1,45 @@
-"""agentax.cli (see DESIGN.md)."""
+"""agentax.cli: the `agentax` command and the typed run configuration behind it.
+
+* `main(argv)` — `agentax train | sft | eval | doctor | export | config`.
+* `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
+  `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own configs),
+  `load_config(path, overrides)`, `parse_overrides`, `dump_config`, `validate`.
+* `config_reference()` — the Markdown of docs/config.md, generated from the dataclasses.
+"""
+
+from agentax.cli._config import (
+    AgentConfig,
+    EnvConfig,
+    EvalConfig,
+    InitConfig,
+    RunConfig,
+    RunSection,
+    SFTConfig,
+    TracingConfig,
+    apply_overrides,
+    dump_config,
+    load_config,
+    parse_overrides,
+    validate,
+)
+from agentax.cli._docs import config_reference
+from agentax.cli._main import build_parser, main
+
+__all__ = [
+    "AgentConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "InitConfig",
+    "RunConfig",
+    "RunSection",
+    "SFTConfig",
+    "TracingConfig",
+    "apply_overrides",
+    "build_parser",
+    "config_reference",
+    "dump_config",
+    "load_config",
+    "main",
+    "parse_overrides",
+    "validate",
+]

@@ -1,0 +1,365 @@
+"""What `agentax train | sft | eval` do: warm start, evaluate, RL through the pipeline.
+
+Every command writes one run directory (config.yaml, metrics.jsonl, the Perfetto trace,
+checkpoints/, curves.png, summary.json). `train` resumes from a run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentax.cli._build import (
+    build_engine,
+    build_model,
+    build_suite_for,
+    build_tokenizer,
+    latest_checkpoint,
+)
+from agentax.cli._config import RunConfig
+from agentax.cli._evaluate import EvalResult, evaluate
+from agentax.cli._rundir import CHECKPOINT_DIR, read_state, write_config, write_state
+from agentax.config import replace
+from agentax.recipes import TaskSuite, load_demos_jsonl, used_tool
+from agentax.rollout import Collector
+from agentax.trace import ConsoleView, MetricsLogger, get_tracer
+
+__all__ = ["Reporter", "run_eval", "run_sft", "run_train"]
+
+
+class Reporter:
+    """Console lines, metrics.jsonl, the trace writer and the timing of one run."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, quiet: bool = False):
+        from rich.console import Console
+
+        self.cfg, self.run_dir = cfg, run_dir
+        self.t0 = time.perf_counter()
+        self.console = Console(stderr=True, quiet=quiet, highlight=False)
+        self.metrics = MetricsLogger(run_dir, tensorboard=cfg.tracing.tensorboard)
+        self.tracer = get_tracer()
+        if cfg.tracing.enabled:
+            self.tracer.start(run_dir)
+        self.history: list[dict[str, Any]] = []
+        self.timings: dict[str, float] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def say(self, text: str) -> None:
+        self.console.print(text)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        record = self.metrics.log(step, {**metrics, "wall_s": round(self.elapsed(), 3)})
+        self.history.append(record)
+        return record
+
+    def view(self, total: int, keys: tuple[str, ...], description: str) -> ConsoleView | None:
+        if not self.cfg.tracing.console or self.console.quiet:
+            return None
+        return ConsoleView(total_steps=total, keys=keys, console=self.console,
+                           description=description)
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.cfg.tracing.enabled:
+            self.tracer.close()
+
+
+# ----------------------------------------------------------------------------- SFT
+
+
+def demonstrations(cfg: RunConfig, suite: TaskSuite) -> list:
+    if cfg.sft.data:
+        return load_demos_jsonl(cfg.sft.data)
+    if suite.demos is None:
+        raise ValueError(f"task {suite.name!r} has no generated demonstrations; set sft.data")
+    return suite.demos(cfg.sft.num_demos, cfg.run.seed + 1)
+
+
+def sft_trainer_config(cfg: RunConfig):
+    s = cfg.sft
+    return replace(cfg.trainer, learning_rate=s.learning_rate, warmup_steps=s.warmup_steps,
+                   decay_steps=max(s.steps - s.warmup_steps, 0), micro_batch_size=s.micro_batch_size,
+                   pack=s.pack, pack_length=max(s.pack_length, cfg.trainer.min_seq_bucket),
+                   agg_mode="token-mean", policy_loss="ppo", off_policy="none")
+
+
+def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter, *,
+               save: bool = False):
+    """SFT on the task's demonstrations; returns (trainer, last metrics)."""
+    from agentax.recipes._render import render_examples
+    from agentax.train import SFTTrainer
+
+    t0 = time.perf_counter()
+    examples = render_examples(tokenizer, demonstrations(cfg, suite), tools=list(suite.tools) or None)
+    rep.timings["sft_render_s"] = time.perf_counter() - t0
+    trainer = SFTTrainer(model, sft_trainer_config(cfg))
+    view = rep.view(cfg.sft.steps, ("loss", "accuracy"), "sft")
+    every = max(1, cfg.sft.steps // 10)
+    n, b = len(examples), cfg.sft.batch_size
+    last: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    for i in range(cfg.sft.steps):
+        start = trainer.data_position % n
+        metrics = trainer.step([examples[(start + j) % n] for j in range(b)])
+        if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
+            last = {f"sft/{k}": v for k, v in metrics.to_dict().items() if k in ("loss", "accuracy")}
+            rep.log(i + 1, {"phase": "sft", **last})
+            if view is not None:
+                view.update(i, {k.split("/")[1]: v for k, v in last.items()})
+    if view is not None:
+        view.close()
+    trainer.sync_counters()
+    rep.timings["sft_s"] = time.perf_counter() - t0
+    if save:
+        trainer.save_checkpoint(rep.run_dir / CHECKPOINT_DIR)
+    return trainer, last
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+async def _evaluate(cfg: RunConfig, engine, tokenizer, suite: TaskSuite, *, greedy=None,
+                    samples=None) -> list[EvalResult]:
+    e = cfg.eval
+    return await evaluate(
+        engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
+        collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
+        samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
+        seed=cfg.run.seed)
+
+
+def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult]) -> dict:
+    out: dict[str, float] = {}
+    for r in results:
+        rep.say(f"[bold]eval {label}[/bold] {r.line()}")
+        out.update(r.to_metrics())
+    rep.log(step, {"phase": f"eval_{label}", "policy_version": results[0].policy_version
+                   if results else 0, **out})
+    return out
+
+
+# ----------------------------------------------------------------------------- RL
+
+
+class _TrackingCollector(Collector):
+    """A Collector that remembers, per group, which episodes used a tool and how many tokens."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.by_group: dict[str, list[tuple[bool, int]]] = collections.defaultdict(list)
+
+    async def run_episode(self, task, *, seed, group_id="", sample_index=0):
+        traj = await super().run_episode(task, seed=seed, group_id=group_id,
+                                         sample_index=sample_index)
+        self.by_group[group_id].append((used_tool(traj), traj.num_generated))
+        return traj
+
+
+def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: bool = False) -> dict:
+    """`agentax train`: (SFT warm start,) evaluate, RL through the pipeline, evaluate, doctor.
+
+    Returns the summary (also written to RUN_DIR/summary.json).
+    """
+    from agentax.pipeline import Pipeline
+    from agentax.train import RLTrainer
+
+    write_config(run_dir, cfg)
+    rep = Reporter(cfg, run_dir, quiet=quiet)
+    try:
+        rep.say(f"[bold]agentax train[/bold] -> {run_dir}")
+        tokenizer = build_tokenizer(cfg)
+        suite = build_suite_for(cfg)
+        model = build_model(cfg)
+        rep.timings["startup_s"] = rep.elapsed()
+        found = latest_checkpoint(run_dir) if resume else None
+        state = read_state(run_dir) if found else {}
+        summary: dict[str, Any] = {"run_dir": str(run_dir), "task": suite.name}
+        if found is None and cfg.sft.steps:
+            sft, last = warm_start(cfg, model, tokenizer, suite, rep)
+            model = sft.export_model()
+            summary["sft"] = last
+            rep.say(f"sft: {cfg.sft.steps} steps in {rep.timings['sft_s']:.1f} s, "
+                    f"loss {last.get('sft/loss', float('nan')):.3f}")
+        trainer = RLTrainer(model, cfg.trainer)
+        if found is not None:
+            ckpt, kind = found
+            if kind != "rl":
+                raise ValueError(f"{run_dir} holds an SFT checkpoint; start RL from it with "
+                                 f"init.from_run={run_dir} in a new run")
+            trainer.restore_checkpoint(ckpt)
+            model = trainer.export_model()
+            rep.say(f"resumed from step {trainer.step_count}")
+        start_step = trainer.step_count
+        engine = build_engine(cfg, model, tokenizer, version=start_step)
+        try:
+            summary.update(_rl(cfg, rep, trainer, engine, tokenizer, suite, start_step,
+                               int(state.get("next_group", 0))))
+        finally:
+            engine.shutdown()
+        summary["wall_s"] = rep.elapsed()
+        summary["timings"] = rep.timings
+    finally:
+        rep.close()
+    if cfg.tracing.plots:
+        from agentax.cli._plots import plot_curves
+
+        summary["plot"] = str(plot_curves(rep.history, run_dir / "curves.png"))
+    if cfg.tracing.enabled and cfg.tracing.doctor and summary.get("rl_steps", 0):
+        summary["doctor"] = _doctor_summary(run_dir, rep)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    rep.say(f"done in {summary['wall_s']:.1f} s; run directory {run_dir}")
+    return summary
+
+
+def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_step: int,
+        start_group: int) -> dict:
+    from agentax.pipeline import Pipeline
+
+    out: dict[str, Any] = {}
+    collector = _TrackingCollector(engine, tokenizer, suite.make_env, suite.make_agent,
+                                   cfg.sampling, cfg.collector)
+    steps_left = max(cfg.run.steps - start_step, 0)
+    view = rep.view(cfg.run.steps, ("success", "tool_rate", "reward", "staleness", "traj_per_s"),
+                    "rl")
+    evals: list[asyncio.Task] = []
+    trained = [0]
+
+    def on_step(record) -> None:
+        tools, tokens = [], 0
+        for gid in record.group_ids:
+            for used, n in collector.by_group.pop(gid, ()):
+                tools.append(used)
+                tokens += n
+        trained[0] += len(tools)
+        m = record.metrics
+        metrics = {
+            "phase": "rl", "policy_version": record.policy_version,
+            "success": record.success_rate, "reward": record.reward_mean,
+            "tool_rate": float(np.mean(tools)) if tools else 0.0,
+            "staleness": max(record.staleness, default=0),
+            "staleness_mean": float(np.mean(record.staleness)) if record.staleness else 0.0,
+            "traj_per_s": trained[0] / max(record.wall_s, 1e-9),
+            "tokens_generated": tokens, "train_s": record.train_s,
+            "trainer_wait_s": record.trainer_wait_s,
+        }
+        if m is not None:
+            metrics.update(loss=m.loss, entropy=m.entropy, kl=m.approx_kl,
+                           grad_norm=m.grad_norm, skipped=m.skipped)
+        rep.log(record.step, metrics)
+        if view is not None:
+            view.update(record.step - 1, metrics)
+        if cfg.run.checkpoint_every and record.step % cfg.run.checkpoint_every == 0:
+            _checkpoint(rep.run_dir, trainer, pipeline)
+        if cfg.eval.every and record.step % cfg.eval.every == 0 and record.step < cfg.run.steps:
+            evals.append(asyncio.get_running_loop().create_task(_mid_eval(record.step)))
+
+    async def _mid_eval(step: int) -> None:
+        results = await _evaluate(cfg, engine, tokenizer, suite, greedy=True, samples=0)
+        for r in results:
+            rep.log(step, {"phase": "eval_mid", "policy_version": r.policy_version,
+                           **r.to_metrics()})
+
+    pipeline = Pipeline(collector, trainer, engine, list(suite.train_tasks), cfg.pipeline,
+                        on_step=on_step, start_version=start_step, start_group=start_group)
+
+    async def main() -> Any:
+        t = time.perf_counter()
+        if start_step == 0:
+            out["eval_before"] = _report_eval(rep, 0, "before", await _evaluate(
+                cfg, engine, tokenizer, suite))
+        rep.timings["eval_before_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        result = await pipeline.arun(steps_left)
+        rep.timings["rl_s"] = time.perf_counter() - t
+        if view is not None:
+            view.close()
+        await asyncio.gather(*evals)
+        t = time.perf_counter()
+        out["eval_after"] = _report_eval(rep, cfg.run.steps, "after", await _evaluate(
+            cfg, engine, tokenizer, suite))
+        rep.timings["eval_after_s"] = time.perf_counter() - t
+        return result
+
+    result = asyncio.run(main())
+    _checkpoint(rep.run_dir, trainer, pipeline)
+    out.update(rl_steps=len(result.steps), trajectories_trained=result.trajectories_trained,
+               trajectories_per_s=result.trajectories_per_s,
+               trainer_idle_fraction=result.trainer_idle_fraction,
+               accounting=dataclasses.asdict(result.accounting)
+               if dataclasses.is_dataclass(result.accounting) else str(result.accounting))
+    return out
+
+
+def _checkpoint(run_dir: Path, trainer, pipeline) -> None:
+    trainer.save_checkpoint(run_dir / CHECKPOINT_DIR)
+    write_state(run_dir, rl_step=trainer.step_count, next_group=pipeline.next_group)
+
+
+def _doctor_summary(run_dir: Path, rep: Reporter) -> dict:
+    from agentax.trace import doctor
+
+    try:
+        report = doctor.analyze(run_dir)
+    except Exception as e:  # noqa: BLE001 - the doctor must never fail a finished run
+        rep.say(f"doctor: could not analyse the run ({type(e).__name__}: {e})")
+        return {"error": str(e)}
+    rep.say(f"[bold]doctor[/bold]: bottleneck {report.bottleneck} — {report.verdict}\n"
+            f"  suggestion: {report.suggestion}\n  full report: agentax doctor {run_dir}")
+    return {"bottleneck": report.bottleneck, "verdict": report.verdict,
+            "suggestion": report.suggestion}
+
+
+# ----------------------------------------------------------------------------- sft / eval
+
+
+def run_sft(cfg: RunConfig, run_dir: Path, *, quiet: bool = False) -> dict:
+    """`agentax sft`: warm start only; saves an SFT checkpoint and evaluates it."""
+    write_config(run_dir, cfg)
+    rep = Reporter(cfg, run_dir, quiet=quiet)
+    try:
+        tokenizer, suite = build_tokenizer(cfg), build_suite_for(cfg)
+        model = build_model(cfg)
+        if not cfg.sft.steps:
+            raise ValueError("sft.steps is 0: nothing to train; set sft.steps=N")
+        trainer, last = warm_start(cfg, model, tokenizer, suite, rep, save=True)
+        engine = build_engine(cfg, trainer.export_model(), tokenizer)
+        try:
+            results = asyncio.run(_evaluate(cfg, engine, tokenizer, suite))
+        finally:
+            engine.shutdown()
+        summary = {"run_dir": str(run_dir), "sft": last,
+                   "eval": _report_eval(rep, cfg.sft.steps, "after_sft", results),
+                   "wall_s": rep.elapsed(), "timings": rep.timings}
+    finally:
+        rep.close()
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def run_eval(cfg: RunConfig, run_dir: Path, *, model=None, quiet: bool = False) -> dict:
+    """`agentax eval`: success rate and reward of a policy on the held-out tasks."""
+    write_config(run_dir, cfg)
+    rep = Reporter(cfg, run_dir, quiet=quiet)
+    try:
+        tokenizer, suite = build_tokenizer(cfg), build_suite_for(cfg)
+        model = model if model is not None else build_model(cfg)
+        engine = build_engine(cfg, model, tokenizer)
+        try:
+            results = asyncio.run(_evaluate(cfg, engine, tokenizer, suite))
+        finally:
+            engine.shutdown()
+        summary = {"run_dir": str(run_dir), "eval": _report_eval(rep, 0, "", results),
+                   "wall_s": rep.elapsed()}
+    finally:
+        rep.close()
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary

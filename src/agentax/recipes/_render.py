@@ -1,0 +1,89 @@
+"""Fast rendering of many short demonstrations for the byte tokenizer's built-in template.
+
+`agentax.text.render_conversation` renders each assistant turn through the jinja template
+several times (to find its exact span); for thousands of tiny demonstrations that is seconds
+of the demo's two-minute budget. The byte template renders each message on its own, so the
+token stream and assistant mask can be composed message by message. `render_examples` uses
+this path only for the byte tokenizer without a tool list, and only after checking that it
+reproduces `render_conversation` id for id on a sample; otherwise it renders the slow way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentax.records import Message
+from agentax.text import ByteTokenizer, render_conversation
+
+__all__ = ["render_examples"]
+
+_CHECK = 16
+
+
+def _calls_text(msg: Message) -> str:
+    out = []
+    for call in msg.tool_calls:
+        args = json.dumps(dict(call.arguments), separators=(",", ":"), sort_keys=True)
+        out.append('<tool_call>{"name":' + json.dumps(call.name) + ',"arguments":' + args
+                   + "}</tool_call>")
+    return "".join(out)
+
+
+def _fast(tokenizer: ByteTokenizer, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
+    ids: list[int] = []
+    mask: list[int] = []
+
+    def add(text: str, m: int) -> None:
+        piece = tokenizer.encode(text)
+        ids.extend(piece)
+        mask.extend([m] * len(piece))
+
+    for msg in messages:
+        add(f"<|im_start|>{msg.role}\n", 0)
+        if msg.role == "assistant":
+            add(msg.content + _calls_text(msg) + "<|im_end|>", 1)
+            add("\n", 0)
+        elif msg.role == "tool":
+            add(f"<tool_response>{msg.content}</tool_response><|im_end|>\n", 0)
+        else:
+            add(f"{msg.content}<|im_end|>\n", 0)
+    return np.asarray(ids, np.int32), np.asarray(mask, np.int8)
+
+
+def _fast_ok(tokenizer: Any, convs: Sequence[Sequence[Any]], tools: Any) -> bool:
+    if tools or type(tokenizer) is not ByteTokenizer:
+        return False
+    if not all(isinstance(m, Message) for c in convs for m in c):
+        return False
+    # Check one of each conversation shape (roles + call counts) plus the first few.
+    seen, sample = set(), []
+    for i, c in enumerate(convs):
+        shape = tuple((m.role, len(m.tool_calls)) for m in c)
+        if shape not in seen or i < _CHECK:
+            seen.add(shape)
+            sample.append(c)
+    for conv in sample:
+        ref = render_conversation(tokenizer, list(conv))
+        ids, mask = _fast(tokenizer, conv)
+        if not (np.array_equal(ids, ref.token_ids) and np.array_equal(mask, ref.assistant_mask)):
+            return False
+    return True
+
+
+def render_examples(tokenizer: Any, convs: Sequence[Sequence[Any]], *, tools=None) -> list:
+    """SFT examples — `(token_ids, loss_mask)` pairs — for chat conversations.
+
+    Identical to `agentax.train.sft_examples` (which uses `render_conversation`); faster for
+    the byte tokenizer's template when no tools are listed.
+    """
+    if _fast_ok(tokenizer, convs, tools):
+        return [_fast(tokenizer, c) for c in convs]
+    out = []
+    for conv in convs:
+        r = render_conversation(tokenizer, list(conv), tools=tools)
+        out.append((r.token_ids, r.assistant_mask))
+    return out

@@ -1,0 +1,101 @@
+"""The `agentax` commands end to end on a miniature run: train, resume, eval, export, doctor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from agentax.cli import main
+from agentax.trace import read_metrics
+
+# A miniature of the demo: every stage runs, nothing is expected to learn.
+TINY = [
+    "sft.steps=2", "sft.batch_size=8", "sft.num_demos=32", "run.steps=1",
+    "env.num_train_tasks=64", "env.num_eval_tasks=4",
+    "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=8",
+    "engine.max_slots=8", "eval.max_concurrency=8", "eval.samples=1",
+    "tracing.console=false",
+]
+
+
+def _run(args, capsys):
+    status = main(args)
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_train_resume_eval_export_doctor(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    status, out, err = _run(["train", *TINY, f"run.runs_dir={runs}", "run.name=mini"], capsys)
+    assert status == 0, err
+    run = runs / "mini"
+    for name in ("config.yaml", "metrics.jsonl", "trace.perfetto-trace", "curves.png",
+                 "summary.json", "state.json"):
+        assert (run / name).is_file(), name
+    assert (run / "checkpoints" / "step_1" / "meta.json").is_file()
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["pipeline"]["group_size"] == 2 and cfg["run"]["steps"] == 1
+    records = read_metrics(run)
+    phases = [r.get("phase") for r in records]
+    assert phases.count("rl") == 1 and "eval_before" in phases and "eval_after" in phases
+    rl = next(r for r in records if r.get("phase") == "rl")
+    for key in ("success", "tool_rate", "reward", "staleness", "traj_per_s", "loss"):
+        assert key in rl
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rl_steps"] == 1 and "doctor" in summary
+    assert "eval_before" in json.loads(out.strip().splitlines()[-1])
+
+    # Resume: the run continues from its checkpoint to the new total.
+    status, out, err = _run(["train", str(run), "run.steps=2"], capsys)
+    assert status == 0, err
+    assert "resumed from step 1" in err
+    steps = [r["step"] for r in read_metrics(run) if r.get("phase") == "rl"]
+    assert steps == [1, 2]
+    assert (run / "checkpoints" / "step_2" / "meta.json").is_file()
+
+    # eval from the run directory writes its own run directory.
+    status, out, err = _run(["eval", str(run), f"run.runs_dir={runs}"], capsys)
+    assert status == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert 0.0 <= result["eval"]["eval/greedy/success"] <= 1.0
+    assert Path(result["run_dir"]) != run
+
+    # export -> Hugging Face safetensors that load back to the same weights.
+    out_dir = tmp_path / "hf"
+    status, out, err = _run(["export", str(run), str(out_dir)], capsys)
+    assert status == 0, err
+    from agentax.cli._build import load_run_model
+    from agentax.cli._rundir import run_config
+    from agentax.models import load_pretrained
+
+    loaded = load_pretrained(out_dir)
+    ours = load_run_model(run, run_config(run))
+    ids = np.arange(1, 20, dtype=np.int32)[None]
+    np.testing.assert_allclose(np.asarray(loaded(ids)), np.asarray(ours(ids)), atol=1e-5)
+
+    status, out, err = _run(["doctor", str(run)], capsys)
+    assert status == 0 and "Bottleneck:" in out and "Verdict:" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train", "trainer.learnin_rate=1"], "Did you mean 'learning_rate'"),
+    (["train", "pipeline.group_size=1"], "pipeline.group_size>=2"),
+    (["train", "no-such-recipe"], "neither a YAML file nor a recipe"),
+    (["export", "/nonexistent/run", "/tmp/x"], "config.yaml"),
+])
+def test_user_errors_exit_2_with_the_fix(args, needle, capsys):
+    status, out, err = _run(args, capsys)
+    assert status == 2 and needle in err
+
+
+def test_config_command_prints_reference_and_recipes(capsys):
+    status, out, _ = _run(["config", "--recipes"], capsys)
+    assert status == 0 and "calculator" in out.split()
+    status, out, _ = _run(["config", "calculator", "run.steps=3"], capsys)
+    assert status == 0 and yaml.safe_load(out)["run"]["steps"] == 3
+    status, out, _ = _run(["config", "--reference"], capsys)
+    assert out.startswith("# Configuration reference")

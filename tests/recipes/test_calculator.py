@@ -1,0 +1,108 @@
+"""The built-in calculator task: questions, reward, the sloppy demonstrator, fast rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import numpy as np
+import pytest
+
+from agentax.recipes import (
+    build_suite,
+    calculator_demos,
+    calculator_reward,
+    calculator_tasks,
+    compact_calculator,
+)
+from agentax.recipes._render import _fast, render_examples
+from agentax.records import Action, Message, Task, ToolCall
+from agentax.text import ByteTokenizer, render_conversation
+from agentax.tools import evaluate
+
+
+def test_tasks_are_deterministic_distinct_and_correct():
+    a, b = calculator_tasks(500, seed=3), calculator_tasks(500, seed=3)
+    assert [t.prompt for t in a] == [t.prompt for t in b]
+    assert len({t.prompt for t in a}) == 500
+    for t in a:
+        assert t.answer == str(evaluate(t.meta["expression"]))
+        assert t.prompt == f"What is {t.meta['expression']}?"
+    assert {t.meta["op"] for t in a} == {"+", "-", "*"}
+
+
+def test_suite_held_out_tasks_are_not_trained_on():
+    suite = build_suite("calculator", num_train_tasks=300, num_eval_tasks=40)
+    train = {t.prompt for t in suite.train_tasks}
+    assert len(suite.eval_tasks) == 40 and not train & {t.prompt for t in suite.eval_tasks}
+    demo_questions = {c[0].content for c in suite.demos(600, 1)}
+    assert demo_questions <= train
+
+
+def test_reward_is_exact_number():
+    task = Task(id="t", prompt="What is 2+3?", answer="5")
+    assert calculator_reward(task, " 5 ") == 1.0
+    assert calculator_reward(task, "55") == 0.0 and calculator_reward(task, "5.0") == 0.0
+
+
+def test_demonstrator_is_sloppy_in_the_documented_way():
+    tasks = calculator_tasks(3000, seed=0)
+    convs = calculator_demos(tasks, seed=1)
+    by_op = collections.defaultdict(list)
+    miscopied = right_direct = direct = 0
+    for task, conv in zip(tasks, convs):
+        tool = len(conv) == 4
+        by_op[task.meta["op"]].append(tool)
+        if tool:
+            assert conv[1].tool_calls[0].arguments == {"expression": task.meta["expression"]}
+            assert conv[2].content == task.answer
+            miscopied += conv[3].content != task.answer
+        else:
+            direct += 1
+            right_direct += conv[1].content == task.answer
+    assert 0.6 < np.mean(by_op["*"]) < 0.8 and 0.1 < np.mean(by_op["+"]) < 0.3
+    n_tool = sum(sum(v) for v in by_op.values())
+    assert 0.05 < miscopied / n_tool < 0.15
+    assert 0.2 < right_direct / direct < 0.4
+
+
+def test_fast_render_matches_render_conversation():
+    tok = ByteTokenizer()
+    convs = calculator_demos(calculator_tasks(40, seed=5), seed=2)
+    for conv in convs:
+        ref = render_conversation(tok, conv)
+        ids, mask = _fast(tok, conv)
+        np.testing.assert_array_equal(ids, ref.token_ids)
+        np.testing.assert_array_equal(mask, ref.assistant_mask)
+    assert max(len(_fast(tok, c)[0]) for c in convs) <= 130  # short, as the demo needs
+
+
+def test_render_examples_falls_back_when_the_fast_path_would_differ():
+    tok = ByteTokenizer()
+    conv = [Message(role="system", content="S"), Message(role="user", content="q"),
+            Message(role="assistant", content="a")]
+    tools = [compact_calculator().schema()]
+    (ids, mask), = render_examples(tok, [conv], tools=tools)  # tools listed: slow path
+    ref = render_conversation(tok, conv, tools=tools)
+    np.testing.assert_array_equal(ids, ref.token_ids)
+    np.testing.assert_array_equal(mask, ref.assistant_mask)
+
+
+def test_suite_environment_runs_the_calculator_and_scores_answers():
+    suite = build_suite("calculator", num_train_tasks=10, num_eval_tasks=2, list_tools=False)
+    task = suite.eval_tasks[0]
+
+    async def episode():
+        env, agent = suite.make_env(), suite.make_agent()
+        assert agent.tools is None  # schemas left out of the prompt, calls still parsed
+        await env.reset(task)
+        call = ToolCall(name="calculator", arguments={"expression": task.meta["expression"]},
+                        id="c1")
+        step = await env.step(Action(text="", tool_calls=(call,)))
+        result = step.observation.tool_results[0]
+        final = await env.step(Action(text=result.content, final_answer=result.content))
+        return result, final
+
+    result, final = asyncio.run(episode())
+    assert result.ok and result.content == task.answer
+    assert final.done and final.reward == 1.0
