@@ -187,7 +187,7 @@ def main() -> None:
     else:
         plan = {
             "tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
-                         steps_sweep=(1, 8)),
+                         steps_sweep=(4,)),
             "small": dict(slots=32, requests=256, hf_requests=64, episodes=64, steps_sweep=()),
         }
     results = {}

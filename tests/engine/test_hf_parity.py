@@ -22,7 +22,7 @@ def test_engine_greedy_matches_transformers_generate(family, tmp_path):
     rng = np.random.default_rng(3)
     prompts = random_prompts(rng, 5, 1, 41)  # 5 requests on 3 slots, up to 3 prefill chunks
     lengths = [10, 4, 10, 7, 10]
-    config = EngineConfig(max_slots=3, max_seq_len=64, prefill_chunk=16, decode_steps_per_call=4)
+    config = EngineConfig(max_slots=3, max_seq_len=64, prefill_chunk=16)
     with Engine(model, config) as engine:
         outs = engine.generate_batch(
             prompts, [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
