@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import jax
 import numpy as np
@@ -64,6 +65,9 @@ def test_async_bounds_staleness_and_versions_tokens(make_parts, tasks, max_stale
     # Tokens carry the version of the weights that produced them; later steps see newer ones.
     versions = [int(t.versions[t.loss_mask > 0].max()) for g in seen[-1] for t in g.trajectories]
     assert max(versions) >= 1
+    deadline = time.time() + 30  # publication lands between two engine steps: wait for it
+    while parts.engine.policy_version != 4 and time.time() < deadline:
+        time.sleep(0.01)
     assert parts.engine.policy_version == 4
     result.accounting.check()
 
