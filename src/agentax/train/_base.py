@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from agentax.models import Transformer
 from agentax.train._batch import Batch, HostSequence, MicroBatch, build_micro_batches
@@ -85,11 +85,29 @@ class TrainerBase:
         if mesh is not None:
             tree = shard_params(tree, mesh, self.partition_rules)
             rest = shard_params(rest, mesh, self.partition_rules)
+            self._batch_sharding = batch_sharding(mesh)
+        else:
+            # Committed to one device, like arrays restored from a checkpoint, so that a
+            # resumed trainer hits the same compiled kernels as a fresh one.
+            self._batch_sharding = SingleDeviceSharding(jax.local_devices()[0])
+            tree, rest = jax.device_put((tree, rest), self._batch_sharding)
         self._params, self._rest = tree, rest
         self._tx = make_optimizer(config)
         self._schedule = make_schedule(config)
-        self._opt_state, self._acc = init_optimizer(self._params, tx=self._tx)
-        self._batch_sharding = batch_sharding(mesh) if mesh is not None else None
+        opt_acc = init_optimizer(self._params, tx=self._tx)
+        # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
+        # optimizer state's paths end in the parameter paths, so the same rules place it.
+        if mesh is not None:
+            opt_acc = shard_params(opt_acc, mesh, self.partition_rules)
+        else:
+            opt_acc = jax.device_put(opt_acc, self._batch_sharding)
+        self._opt_state, self._acc = opt_acc
+        leaf_shardings = lambda t: tuple(x.sharding for x in jax.tree.leaves(t))  # noqa: E731
+        self._acc_shardings = leaf_shardings(self._acc) if mesh is not None else None
+        self._state_shardings = (leaf_shardings((self._params, self._opt_state, self._acc))
+                                 if mesh is not None else None)
+        self._replicated = (NamedSharding(mesh, P()) if mesh is not None
+                            else self._batch_sharding)
         self._row_multiple = data_parallel_size(mesh)
         self._compiles = CompileCounter()
         self.step_count = 0
@@ -175,9 +193,10 @@ class TrainerBase:
             row_multiple=self._row_multiple, with_rl=with_rl)
 
     def _put(self, tree):
-        if self._batch_sharding is None:
-            return jax.device_put(tree)
         return jax.device_put(tree, self._batch_sharding)
+
+    def _put_counts(self, counts) -> dict:
+        return jax.device_put({k: np.float32(v) for k, v in counts.items()}, self._replicated)
 
     def _cut(self, ids, *arrays):
         """Cuts a sequence to max_seq_len + 1 tokens; returns (cut arrays, was_cut)."""
@@ -193,11 +212,13 @@ class TrainerBase:
         for batch in batches:
             self._compiles.record("accumulate_grads", spec, batch)
             self._acc, m = accumulate_grads(self._graphdefs, self._params, self._rest, batch,
-                                            counts, self._acc, spec=spec)
+                                            counts, self._acc, spec=spec,
+                                            acc_shardings=self._acc_shardings)
             metrics.append(m)
         self._compiles.record("apply_update", None)
         self._params, self._opt_state, self._acc, stats = apply_update(
-            self._params, self._opt_state, self._acc, counts["tokens"], tx=self._tx)
+            self._params, self._opt_state, self._acc, counts["tokens"], tx=self._tx,
+            state_shardings=self._state_shardings)
         return metrics, stats
 
     @staticmethod

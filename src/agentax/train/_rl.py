@@ -209,7 +209,7 @@ class RLTrainer(TrainerBase):
         batches = [self._put(mb.batch) for mb in mbs]
         batches = self._score_and_advantages(mbs, batches, rewards, group_ids, finite, len(seqs))
         lr = self.learning_rate
-        dev_counts = {k: jnp.asarray(v) for k, v in counts.items()}
+        dev_counts = self._put_counts(counts)
         epochs = [self._run_update(batches, dev_counts, self._spec) for _ in range(c.ppo_epochs)]
         epochs = jax.device_get(epochs)  # the one host sync of the step
         applied = sum(bool(stats["applied"]) for _, stats in epochs)

@@ -124,7 +124,7 @@ class SFTTrainer(TrainerBase):
             raise ValueError("no SFT example has a trained token (loss_mask is 0 everywhere "
                              "after the first token); check the assistant masks")
         self.data_position += len(examples)
-        dev_counts = {k: jnp.asarray(v) for k, v in counts.items()}
+        dev_counts = self._put_counts(counts)
         batches = [self._put(mb.batch) for mb in mbs]
         metrics, stats = self._run_update(batches, dev_counts, self._spec)
         step = self.step_count

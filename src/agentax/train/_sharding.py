@@ -57,10 +57,13 @@ def data_parallel_size(mesh: Mesh | None) -> int:
 
 
 def _path_str(path) -> str:
+    """'layers/0/attn/q_proj/kernel' from a pytree key path (nnx's trailing '.value' dropped)."""
     parts = []
     for k in path:
         k = getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
         parts.append(str(k))
+    if parts and parts[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+        parts.pop()
     return "/".join(parts)
 
 
@@ -79,6 +82,8 @@ def partition_spec_for(path: str, shape: tuple[int, ...], mesh: Mesh,
         names = (axis,) if isinstance(axis, str) else tuple(axis or ())
         size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
         out.append(axis if names and dim % size == 0 else None)
+    while out and out[-1] is None:
+        out.pop()
     return P(*out)
 
 

@@ -86,6 +86,15 @@ class CompileCounter:
         return out
 
 
+def _constrain(tree, shardings: tuple | None):
+    """Pins each leaf of `tree` to its sharding (flattened order); None = leave to XLA."""
+    if shardings is None:
+        return tree
+    leaves, treedef = jax.tree.flatten(tree)
+    return jax.tree.unflatten(treedef, [jax.lax.with_sharding_constraint(x, s)
+                                        for x, s in zip(leaves, shardings)])
+
+
 def _forward(graphdefs: GraphDefs, params, rest, batch: Batch):
     """(logits [B, T, V] float32, values [B, T] or None)."""
     model = nnx.merge(graphdefs.model, params["model"], rest)
@@ -150,27 +159,30 @@ def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, spec: LossSp
     return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs", "spec"), donate_argnames=("acc",))
+@functools.partial(jax.jit, static_argnames=("graphdefs", "spec", "acc_shardings"),
+                   donate_argnames=("acc",))
 def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, acc, *,
-                     spec: LossSpec):
+                     spec: LossSpec, acc_shardings: tuple | None = None):
     """Adds one micro-batch's gradients and loss to `acc` = {"grads", "loss"}.
 
     Args:
       params: trainable state {"model": ..., ["value": ...]}; rest: frozen model state.
       batch: the micro-batch on device.
       counts: {"tokens", "seqs"} float32 scalars over the whole optimizer batch.
+      acc_shardings: shardings of acc's leaves (flattened), kept on the output under a mesh.
     Returns:
       (new acc, this micro-batch's metrics dict of scalars).
     """
     (loss, metrics), grads = jax.value_and_grad(_loss, has_aux=True)(
         params, rest, graphdefs, batch, counts, spec)
     new = {"grads": jax.tree.map(jnp.add, acc["grads"], grads), "loss": acc["loss"] + loss}
-    return new, metrics
+    return _constrain(new, acc_shardings), metrics
 
 
-@functools.partial(jax.jit, static_argnames=("tx",),
+@functools.partial(jax.jit, static_argnames=("tx", "state_shardings"),
                    donate_argnames=("params", "opt_state", "acc"))
-def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransformation):
+def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransformation,
+                 state_shardings: tuple | None = None):
     """One optimizer update; skipped when loss/grad norm are not finite or nothing trained.
 
     Returns:
@@ -186,6 +198,7 @@ def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransf
     params = jax.tree.map(keep, new_params, params)
     opt_state = jax.tree.map(keep, new_opt, opt_state)
     zero = {"grads": jax.tree.map(jnp.zeros_like, grads), "loss": jnp.zeros((), jnp.float32)}
+    params, opt_state, zero = _constrain((params, opt_state, zero), state_shardings)
     return params, opt_state, zero, {"grad_norm": grad_norm, "applied": ok, "loss": acc["loss"]}
 
 
