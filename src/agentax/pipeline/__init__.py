@@ -2,6 +2,7 @@
 
 from agentax.pipeline._accounting import Accounting, AccountingError
 from agentax.pipeline._config import GROUP_FILTERS, PipelineConfig
+from agentax.pipeline._placement import Placement
 from agentax.pipeline._pipeline import Pipeline, PipelineResult, StepRecord, group_staleness
 from agentax.pipeline._staleness import StalenessGate
 
@@ -12,6 +13,7 @@ __all__ = [
     "Pipeline",
     "PipelineConfig",
     "PipelineResult",
+    "Placement",
     "StalenessGate",
     "StepRecord",
     "group_staleness",

@@ -1,0 +1,94 @@
+"""Where the engine and the trainer live, and how weights travel between them.
+
+* **colocated** — trainer and engine share devices. Publishing hands the engine the trainer's
+  freshly copied parameters on the same devices: an on-device copy (the train step donates its
+  own buffers, so the engine must not alias them), no host round trip and no reshard.
+* **disaggregated** — the trainer's mesh and the engine's device are disjoint subsets of the
+  same device list. Publishing reshards: `jax.device_put` moves each parameter from the
+  trainer's sharding onto the engine's device, between two decode steps.
+
+`Placement.split(devices, engine_devices=k)` carves a device list into the two sets;
+`placement.engine_model(model)` puts a model on the engine's device (build the Engine from it
+under `placement.engine_scope()`), and `placement.publisher()` is the `publish` callable for
+`Pipeline`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+__all__ = ["Placement"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Devices of the trainer (a mesh) and of the engine (one device)."""
+
+    kind: Literal["colocated", "disaggregated"]
+    trainer_mesh: Mesh | None
+    engine_device: Any
+
+    @classmethod
+    def colocated(cls, trainer_mesh: Mesh | None = None) -> "Placement":
+        """Engine on the first device of the trainer's mesh (or the default device)."""
+        device = trainer_mesh.devices.flat[0] if trainer_mesh is not None else jax.devices()[0]
+        return cls("colocated", trainer_mesh, device)
+
+    @classmethod
+    def split(cls, devices: Sequence[Any] | None = None, *, engine_devices: int = 1) -> "Placement":
+        """Disaggregated: the last `engine_devices` devices serve, the others train (data axis).
+
+        Raises:
+          ValueError: fewer than `engine_devices + 1` devices.
+        """
+        from agentax.train import make_mesh
+
+        devices = list(jax.devices() if devices is None else devices)
+        if engine_devices != 1:
+            raise ValueError(
+                "engine_devices must be 1: the engine runs on one device (use "
+                "agentax.scale.EngineRouter for several replicas)"
+            )
+        if len(devices) < engine_devices + 1:
+            raise ValueError(
+                f"a disaggregated placement needs at least {engine_devices + 1} devices, have "
+                f"{len(devices)} (on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+            )
+        trainer_devices = devices[: len(devices) - engine_devices]
+        mesh = make_mesh(data=len(trainer_devices), devices=trainer_devices)
+        return cls("disaggregated", mesh, devices[-1])
+
+    def engine_scope(self) -> contextlib.AbstractContextManager:
+        """Context in which to build the Engine (its KV cache lands on the engine device)."""
+        return jax.default_device(self.engine_device)
+
+    def engine_model(self, model: nnx.Module) -> nnx.Module:
+        """A copy of `model` whose parameters live on the engine device."""
+        graphdef, state = nnx.split(model)
+        return nnx.merge(graphdef, jax.device_put(state, self.engine_device))
+
+    def publisher(self):
+        """The `publish(trainer, engine, version)` callable for `Pipeline`."""
+        device = self.engine_device
+
+        def publish(trainer: Any, engine: Any, version: int) -> None:
+            state = trainer.params_for_engine()
+            if self.kind == "disaggregated" or _devices_of(state) != {device}:
+                state = jax.device_put(state, device)  # reshard onto the engine's device
+            engine.update_weights(state, version)
+
+        return publish
+
+
+def _devices_of(tree: Any) -> set:
+    out: set = set()
+    for leaf in jax.tree.leaves(tree):
+        out |= set(leaf.devices())
+    return out
