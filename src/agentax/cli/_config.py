@@ -64,7 +64,7 @@ class RunSection:
     """Run directory name under runs_dir; empty = a timestamp (e.g. 20250101-120000-train)."""
     runs_dir: str = "runs"
     """Parent folder of run directories."""
-    steps: int = 24
+    steps: int = 32
     """RL optimizer steps (the total, counted across resumes)."""
     checkpoint_every: int = 0
     """Save a trainer checkpoint every k RL steps; 0 = only at the end."""
@@ -213,9 +213,9 @@ class TracingConfig:
 # ----------------------------------------------------------------------------- the demo defaults
 
 DEMO_MODEL = ModelConfig.tiny(
-    num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16
+    num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32
 )
-"""The embedded demo's model: a ~90k-parameter Qwen3-layout transformer on the byte vocabulary."""
+"""The embedded demo's model: a ~0.3M-parameter Qwen3-layout transformer on the byte vocabulary."""
 
 
 def _demo_engine() -> EngineConfig:
@@ -233,7 +233,7 @@ def _demo_collector() -> CollectorConfig:
 
 
 def _demo_trainer() -> TrainerConfig:
-    return TrainerConfig(learning_rate=3e-3, micro_batch_size=32, max_seq_len=160,
+    return TrainerConfig(learning_rate=1e-3, micro_batch_size=32, max_seq_len=160,
                          min_seq_bucket=160, seq_bucket_multiple=32, off_policy="tis",
                          is_cap=2.0)
 
@@ -268,7 +268,7 @@ class RunConfig:
     """Optimizer, batch shapes and the RL algorithm (agentax.train.TrainerConfig)."""
     pipeline: PipelineConfig = dataclasses.field(default_factory=_demo_pipeline)
     """Sync/async mode, staleness, group size (agentax.pipeline.PipelineConfig)."""
-    sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(steps=200, num_demos=9600))
+    sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(steps=300, num_demos=14400))
     """Supervised warm start."""
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     """Held-out evaluation."""

@@ -294,8 +294,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
     out.update(rl_steps=len(result.steps), trajectories_trained=result.trajectories_trained,
                trajectories_per_s=result.trajectories_per_s,
                trainer_idle_fraction=result.trainer_idle_fraction,
-               accounting=dataclasses.asdict(result.accounting)
-               if dataclasses.is_dataclass(result.accounting) else str(result.accounting))
+               accounting=result.accounting.summary())
     return out
 
 

@@ -114,7 +114,7 @@ class DemoMix:
     """Probability of calling the calculator on + and - questions."""
     tool_rate_mul: float = 0.7
     """Probability of calling the calculator on * questions."""
-    miscopy_rate: float = 0.1
+    miscopy_rate: float = 0.05
     """Probability of miscopying the calculator's result (one digit changed)."""
     guess_right_rate: float = 0.3
     """Probability that an answer without the tool is right (else a near miss)."""
