@@ -21,7 +21,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
