@@ -2,14 +2,19 @@
 
 Workloads (same model, same kernels, measured in one run, per model preset):
 
-* continuous_over_static — N requests, prompts of 16..64 tokens, output lengths lognormal
-  (median 24, sigma 0.8, clipped to [1, 200]; eos disabled so each request generates exactly
-  its length). Continuous: all submitted at once to the engine. Static: batches of max_slots
-  submitted together, the next batch only after the longest member of the previous one is done
-  (same engine, so same kernels). Figure: requests/s continuous over static.
+* continuous_over_static — N requests in a fixed arrival order, prompts of 16..64 tokens,
+  output lengths lognormal (median 24, sigma 1.0 — a real tail —, capped at max_tokens=200;
+  eos disabled so each request generates exactly its length). Continuous: all submitted at
+  once to the engine. Static: batches of max_slots in arrival order, submitted together, the
+  next batch only after the longest member of the previous one is done (same engine, so the
+  same kernels, slots and batched prefill). Figure: requests/s continuous over static, the
+  median of `repeats` alternating pairs (the machine is shared). Also reported: decode steps
+  and slot occupancy (generated tokens / (steps x slots)) of both, and the wall-time split
+  of the continuous run (jitted decode, jitted prefill, host) from an instrumented repeat.
 * over_transformers — the first batches of that workload, greedy: agentax continuous tokens/s
-  over `transformers.generate` (torch CPU, same weights via `save_pretrained`, static batches of
-  max_slots, left padding, each batch runs to its longest member). Useful tokens only.
+  over `transformers.generate` (torch CPU with 1 thread — 2 threads measured ~100x slower on
+  the shared machine —, same weights via `save_pretrained`, static batches of max_slots, left
+  padding, each batch runs to its longest member). Useful tokens only.
 * continuation_over_reprefill — E concurrent 4-turn episodes, 50 ms simulated tool latency
   between turns, 32 new tokens per turn, 16 generated per turn: continuing the sequence
   (prefill only the new tokens) vs re-prefilling the whole history every turn. Figure: wall
@@ -30,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -38,9 +44,13 @@ from agentax.models import ModelConfig, Transformer, save_pretrained
 from agentax.records import SamplingParams
 
 
-def workload(rng, n: int, max_len: int = 200):
+MEDIAN_LEN, SIGMA, MAX_TOKENS = 24, 1.0, 200
+
+
+def workload(rng, n: int, max_len: int = MAX_TOKENS):
     prompts = [rng.integers(0, 256, size=int(rng.integers(16, 65))).tolist() for _ in range(n)]
-    lengths = np.clip(np.round(rng.lognormal(np.log(24), 0.8, size=n)), 1, max_len).astype(int)
+    lengths = rng.lognormal(np.log(MEDIAN_LEN), SIGMA, size=n)
+    lengths = np.clip(np.round(lengths), 1, max_len).astype(int)
     return prompts, lengths.tolist()
 
 
@@ -64,16 +74,81 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def bench_batching(engine, prompts, lengths, slots):
+def _run_counted(engine, fn):
+    s0 = engine.stats()
+    _, t = timed(fn)
+    s1 = engine.stats()
+    steps = s1.steps - s0.steps
+    tokens = s1.total_tokens - s0.total_tokens
+    return t, steps, tokens / max(steps * engine.config.max_slots, 1)
+
+
+def bench_batching(engine, prompts, lengths, slots, repeats):
     params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i) for i, n in enumerate(lengths)]
-    _, t_cont = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
-    _, t_stat = timed(lambda: asyncio.run(_static(engine, prompts, params, slots)))
+    cont, stat = [], []
+    for _ in range(repeats):  # alternate, so load changes hit both sides alike
+        cont.append(_run_counted(engine, lambda: asyncio.run(_continuous(engine, prompts, params))))
+        stat.append(_run_counted(
+            engine, lambda: asyncio.run(_static(engine, prompts, params, slots))))
+    t_cont = float(np.median([c[0] for c in cont]))
+    t_stat = float(np.median([s[0] for s in stat]))
     n = len(prompts)
     return {
         "continuous_req_per_s": n / t_cont,
         "static_req_per_s": n / t_stat,
-        "continuous_over_static": t_stat / t_cont,
+        "continuous_over_static": float(np.median([s[0] / c[0] for c, s in zip(cont, stat)])),
+        "continuous_over_static_min": min(s[0] / c[0] for c, s in zip(cont, stat)),
         "continuous_tokens_per_s": sum(lengths) / t_cont,
+        "continuous_steps": cont[0][1],
+        "static_steps": stat[0][1],
+        "continuous_occupancy": cont[0][2],
+        "static_occupancy": stat[0][2],
+        "ideal_continuous_steps": sum(lengths) / slots,
+        "mean_output_len": float(np.mean(lengths)),
+        "max_output_len": max(lengths),
+    }
+
+
+def time_split(engine, prompts, lengths):
+    """Wall time of one continuous run split into jitted decode, jitted prefill and host work.
+
+    Wraps the engine's kernels to block on their results (so this run is a little slower
+    than an unwrapped one); "host" is everything else in the run (scheduling, bookkeeping,
+    transfers, the asyncio front end).
+    """
+    from agentax.engine import _engine as eng_mod
+
+    spent = {"decode": 0.0, "prefill": 0.0}
+    originals = {"decode": eng_mod.decode_steps, "prefill": eng_mod.prefill_chunk}
+
+    def wrap(name):
+        def call(*args):
+            t = time.perf_counter()
+            out = originals[name](*args)
+            jax.block_until_ready(out)
+            spent[name] += time.perf_counter() - t
+            return out
+        return call
+
+    eng_mod.decode_steps, eng_mod.prefill_chunk = wrap("decode"), wrap("prefill")
+    try:
+        params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i)
+                  for i, n in enumerate(lengths)]
+        s0 = engine.stats()
+        _, t = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
+        s1 = engine.stats()
+    finally:
+        eng_mod.decode_steps, eng_mod.prefill_chunk = originals["decode"], originals["prefill"]
+    steps = max(s1.steps - s0.steps, 1)
+    calls = max(s1.prefill_calls - s0.prefill_calls, 1)
+    return {
+        "split_decode_frac": spent["decode"] / t,
+        "split_prefill_frac": spent["prefill"] / t,
+        "split_host_frac": 1 - (spent["decode"] + spent["prefill"]) / t,
+        "decode_ms_per_step": 1000 * spent["decode"] / steps,
+        "host_ms_per_step": 1000 * (t - spent["decode"] - spent["prefill"]) / steps,
+        "prefill_calls": s1.prefill_calls - s0.prefill_calls,
+        "prefill_rows_per_call": len(prompts) / calls,
     }
 
 
@@ -88,6 +163,10 @@ def bench_transformers(model, engine, prompts, lengths, slots):
         ).eval()
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
+    # One torch thread: on this shared 2-core machine torch's default 2 threads spin against
+    # each other and the other tenants (measured ~100x slower per generated token).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in lengths]
     _, t_ax = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
     t_hf = 0.0
@@ -103,6 +182,7 @@ def bench_transformers(model, engine, prompts, lengths, slots):
         with torch.no_grad():
             hf.generate(ids, attention_mask=mask, max_new_tokens=n_new, do_sample=False)
         t_hf += time.perf_counter() - t
+    torch.set_num_threads(threads)
     tokens = sum(lengths)
     return {
         "agentax_tokens_per_s": tokens / t_ax,
@@ -149,27 +229,26 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
     }
 
 
-def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep):
+def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats, chunk=64):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
-    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=64)
+    # precompile: every prefill shape and decode compile before any timing.
+    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk, precompile=True)
     rng = np.random.default_rng(0)
     out = {}
+    warm = [[1] * n for n in (10, 30, 60)]
     with Engine(model, config) as engine:
-        # Compile every kernel before timing (prefill buckets 16/32/64 and decode).
-        warm = [[1] * n for n in (10, 30, 60)]
         engine.generate_batch(warm, SamplingParams(max_tokens=2))
         prompts, lengths = workload(rng, requests)
-        out.update(bench_batching(engine, prompts, lengths, slots))
+        out.update(bench_batching(engine, prompts, lengths, slots, repeats))
+        out.update(time_split(engine, prompts, lengths))
         out.update(bench_transformers(model, engine, prompts[:hf_requests],
                                       lengths[:hf_requests], slots))
         out.update(bench_episodes(engine, episodes))
         out["compiles"] = engine.num_compiles
         out["kv_cache_bytes"] = engine.kv_cache_bytes
-        stats = engine.stats()
-        out["decode_steps"] = stats.steps
     for steps in steps_sweep:  # host overhead: decode steps fused per jitted call
-        cfg = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=64,
-                           decode_steps_per_call=steps)
+        cfg = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk,
+                           decode_steps_per_call=steps, precompile=True)
         with Engine(model, cfg) as engine:
             engine.generate_batch(warm, SamplingParams(max_tokens=2))
             params = [SamplingParams(max_tokens=n, seed=i) for i, n in enumerate(lengths)]
@@ -183,12 +262,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
     args = parser.parse_args()
     if args.quick:
-        plan = {"tiny": dict(slots=8, requests=32, hf_requests=8, episodes=8, steps_sweep=())}
+        # Fewer prefill shapes (chunk 32: 4 row x 2 chunk buckets) keep compiling short.
+        plan = {"tiny": dict(slots=8, requests=32, hf_requests=8, episodes=8, steps_sweep=(),
+                             repeats=1, chunk=32)}
     else:
         plan = {
             "tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
-                         steps_sweep=(4,)),
-            "small": dict(slots=32, requests=256, hf_requests=64, episodes=64, steps_sweep=()),
+                         steps_sweep=(4,), repeats=3),
+            # One pair: a small-preset decode step is ~150 ms on the shared CPU.
+            "small": dict(slots=32, requests=256, hf_requests=64, episodes=64, steps_sweep=(),
+                          repeats=1),
         }
     results = {}
     for name, kw in plan.items():
@@ -205,7 +288,8 @@ def main() -> None:
                 "kv_cache_bytes", "compiles"):
         figures[key] = figures[f"{head}/{key}"]
     figures["workload"] = (
-        "lognormal outputs (median 24), prompts 16-64; 4-turn episodes, 50 ms tools"
+        f"lognormal outputs (median {MEDIAN_LEN}, sigma {SIGMA}, cap {MAX_TOKENS}), prompts "
+        "16-64, arrival order fixed; 4-turn episodes, 50 ms tools"
     )
     if not args.quick:
         out = Path(__file__).parent / "results" / "engine.json"

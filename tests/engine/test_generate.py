@@ -32,6 +32,11 @@ def test_concurrent_greedy_matches_full_sequence_reference(engine, model):
     stats = engine.stats()
     assert stats.completed == 7 and stats.total_tokens == sum(max_tokens)
     assert stats.active_slots == 0 and stats.free_slots == CFG.max_slots  # batch released
+    # Prefill fed several requests per call: fewer calls than prompt chunks.
+    chunks = sum(-(-len(p) // CFG.prefill_chunk) for p in prompts)
+    assert stats.prefill_tokens == sum(map(len, prompts))
+    assert 1 <= stats.prefill_calls < chunks
+    assert 0 < stats.occupancy <= 1
 
 
 def test_greedy_logprob_is_log_softmax_of_logits(engine, model):

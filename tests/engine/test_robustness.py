@@ -159,5 +159,19 @@ def test_200_random_requests_compile_a_handful_of_times(model):
     with Engine(model, config) as engine:
         outs = engine.generate_batch(prompts, params)
         assert [o.num_tokens for o in outs] == [p.max_tokens for p in params]
-        assert 1 <= engine.num_compiles <= len(config.prefill_buckets) + 1
+        # One decode shape, and at most one prefill shape per (row bucket, chunk bucket).
+        shapes = len(config.prefill_buckets) * len(config.prefill_row_buckets)
+        assert config.prefill_row_buckets == (1, 2, 4, 6)
+        assert 2 <= engine.num_compiles <= shapes + 1
         assert engine.stats().completed == 200
+
+
+def test_prefill_budget_bounds_the_rows_of_one_call():
+    config = EngineConfig(max_slots=32, prefill_chunk=64, max_prefill_rows=12,
+                          prefill_token_budget=256)
+    assert config.prefill_rows == 12 and config.prefill_row_buckets == (1, 2, 4, 8, 12)
+    assert config.row_bucket(5) == 8 and config.chunk_bucket(17) == 32
+    assert config.token_budget == 256
+    assert EngineConfig(max_slots=4).token_budget == 4 * 128  # default: rows x chunk
+    with pytest.raises(ValueError, match="max_prefill_rows"):
+        EngineConfig(max_prefill_rows=-1)

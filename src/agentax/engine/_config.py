@@ -19,8 +19,15 @@ class EngineConfig:
     """Longest prefill chunk; prompts are fed in chunks of at most this many tokens."""
     min_prefill_bucket: int = 16
     """Shortest prefill chunk shape; chunk shapes are powers of two from this to prefill_chunk."""
+    max_prefill_rows: int = 0
+    """Most requests prefilled together in one jitted call; 0 means max_slots.
+
+    Row counts are padded to a power of two (capped at this value), so prefill compiles once
+    per (row bucket, chunk bucket) pair that the traffic needs."""
     prefill_token_budget: int = 0
-    """Prefill tokens (bucketed) run between two decode calls; 0 means prefill_chunk."""
+    """Bucketed prefill tokens (rows x chunk) of the one prefill call run between two decode
+    calls; 0 means no limit beyond max_prefill_rows x prefill_chunk. A call always takes at
+    least one row, so a lower budget trades refill speed for steadier decode latency."""
     decode_steps_per_call: int = 1
     """Decode steps fused into one jitted call (an on-device loop with on-device stop checks).
 
@@ -32,6 +39,10 @@ class EngineConfig:
     """Parked sequences kept on the host; past this the least recently used one is forgotten."""
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
+    precompile: bool = False
+    """Compile every prefill shape (row bucket x chunk bucket) and the decode kernel when the
+    engine starts, in its step thread (requests queue meanwhile), so that no request waits
+    for a compilation later. Off: shapes compile the first time traffic needs them."""
     idle_wait_s: float = 0.05
     """How long the step thread sleeps when there is nothing to do (it is woken on new work)."""
 
@@ -52,6 +63,7 @@ class EngineConfig:
             f"({self.min_prefill_bucket}), got {self.prefill_chunk}",
         )
         need(self.prefill_token_budget >= 0, "prefill_token_budget must be >= 0")
+        need(self.max_prefill_rows >= 0, "max_prefill_rows must be >= 0 (0 = max_slots)")
         need(self.decode_steps_per_call >= 1, "decode_steps_per_call must be >= 1")
         need(self.max_stop_ids >= 1, "max_stop_ids must be >= 1")
         need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
@@ -66,8 +78,29 @@ class EngineConfig:
         return tuple(out)
 
     @property
+    def prefill_rows(self) -> int:
+        """Most rows of one prefill call."""
+        return min(self.max_prefill_rows or self.max_slots, self.max_slots)
+
+    @property
+    def prefill_row_buckets(self) -> tuple[int, ...]:
+        """Row counts prefill compiles for: powers of two below prefill_rows, then prefill_rows."""
+        out, r = [], 1
+        while r < self.prefill_rows:
+            out.append(r)
+            r *= 2
+        return (*out, self.prefill_rows)
+
+    @property
     def token_budget(self) -> int:
-        return self.prefill_token_budget or self.prefill_chunk
+        """Bucketed tokens (rows x chunk) one prefill call may take."""
+        return self.prefill_token_budget or self.prefill_rows * self.prefill_chunk
+
+    def row_bucket(self, rows: int) -> int:
+        return next(b for b in self.prefill_row_buckets if b >= rows)
+
+    def chunk_bucket(self, tokens: int) -> int:
+        return next(b for b in self.prefill_buckets if b >= tokens)
 
 
 def _is_pow2(n: int) -> bool:
@@ -102,3 +135,7 @@ class EngineStats:
     """Requests resolved with an error (too long, cancelled, engine failure)."""
     num_compiles: int
     policy_version: int
+    prefill_calls: int = 0
+    """Jitted prefill calls (each feeds one chunk of up to max_prefill_rows requests)."""
+    occupancy: float = 0.0
+    """Generated tokens over slot-steps run (decode steps x max_slots) since construction."""

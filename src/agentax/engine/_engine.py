@@ -153,6 +153,8 @@ class Engine:
         self._seed = np.zeros(s, np.uint32)
         self._stop_table = np.full((s, cfg.max_stop_ids), -1, np.int32)
         self._slot_seq: list[_Sequence | None] = [None] * s
+        self._sampling_dev: tuple[RowSampling, jax.Array] | None = None
+        """Device copies of the per-slot sampling settings and stop table (None = stale)."""
 
         self._sequences: collections.OrderedDict[int, _Sequence] = collections.OrderedDict()
         self._next_sequence_id = 1
@@ -328,6 +330,8 @@ class Engine:
             prefill_tokens=c["prefill_tokens"],
             steps=c["steps"],
             decode_calls=c["decode_calls"],
+            prefill_calls=c["prefill_calls"],
+            occupancy=c["decode_tokens"] / max(c["slot_steps"], 1),
             completed=c["completed"],
             failed=c["failed"],
             num_compiles=self.num_compiles,
@@ -396,6 +400,8 @@ class Engine:
 
     def _run(self) -> None:
         try:
+            if self.config.precompile:
+                self._precompile()
             while True:
                 self._wake.clear()
                 self._drain_inbox()
@@ -422,6 +428,26 @@ class Engine:
                 err = EngineClosed("the engine was shut down before this request finished")
             self._closing = True
             self._fail_everything(err)
+
+    def _precompile(self) -> None:
+        """Runs every kernel shape once on inputs that write nothing (positions past the end)."""
+        cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
+        for r in cfg.prefill_row_buckets:
+            for c in cfg.prefill_buckets:
+                zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
+                sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
+                *_, self._cache = prefill_chunk(
+                    self._model_def, self._weights, self._cache, jnp.zeros((r, c), jnp.int32),
+                    jnp.full((r, c), t_max, jnp.int32), zeros, zeros, sampling,
+                )
+        state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
+        sampling = RowSampling(jnp.array(self._temperature), jnp.array(self._top_k),
+                               jnp.array(self._top_p), jnp.array(self._seed))
+        *_, self._cache = decode_steps(
+            self._model_def, self._weights, self._cache, jnp.array(state), sampling,
+            jnp.array(self._stop_table), cfg.decode_steps_per_call,
+        )
+        jax.block_until_ready(self._cache)
 
     def _fail_everything(self, err: BaseException) -> None:
         with self._inbox_lock:
@@ -544,53 +570,77 @@ class Engine:
         self._stop_table[slot] = -1
         self._stop_table[slot, : len(req.stop_set)] = sorted(req.stop_set)
         self._active[slot] = False
+        self._sampling_dev = None
         self._prefilling.append(req)
 
     # ------------------------------------------------------------------ prefill
 
     def _prefill_some(self) -> bool:
-        budget, did = self.config.token_budget, False
-        while self._prefilling:
-            req = self._prefilling[0]
-            n = min(len(req.pending), self.config.prefill_chunk)
-            bucket = next(b for b in self.config.prefill_buckets if b >= n)
-            if did and bucket > budget:
-                break
-            self._prefill_chunk(req, n, bucket)
-            budget -= bucket
-            did = True
-            if not req.pending or req.done:
-                self._prefilling.popleft()
-        return did
+        """Runs one prefill call over the first requests waiting for prefill (FIFO).
 
-    def _prefill_chunk(self, req: _Request, n: int, bucket: int) -> None:
-        seq, slot, t_max = req.seq, req.seq.slot, self.config.max_seq_len
-        tokens = np.zeros((1, bucket), np.int32)
-        tokens[0, :n] = req.pending[:n]
-        positions = np.full((1, bucket), t_max, np.int32)
-        positions[0, :n] = np.arange(seq.cached, seq.cached + n)
-        sl = slice(slot, slot + 1)
+        Each request contributes one row of at most `prefill_chunk` tokens; the call's shape
+        is (row bucket, chunk bucket of its longest row), kept within the token budget.
+        """
+        if not self._prefilling:
+            return False
+        cfg = self.config
+        rows: list[tuple[_Request, int]] = []
+        chunk = 0
+        for req in self._prefilling:
+            n = min(len(req.pending), cfg.prefill_chunk)
+            c = max(chunk, cfg.chunk_bucket(n))
+            if rows and cfg.row_bucket(len(rows) + 1) * c > cfg.token_budget:
+                break
+            rows.append((req, n))
+            chunk = c
+            if len(rows) == cfg.prefill_rows:
+                break
+        self._prefill_rows(rows, chunk)
+        return True
+
+    def _prefill_rows(self, rows: list[tuple[_Request, int]], chunk: int) -> None:
+        cfg = self.config
+        r, t_max = cfg.row_bucket(len(rows)), cfg.max_seq_len
+        tokens = np.zeros((r, chunk), np.int32)
+        positions = np.full((r, chunk), t_max, np.int32)  # padding writes nothing
+        slots = np.zeros(r, np.int32)
+        last = np.zeros(r, np.int32)
+        for i, (req, n) in enumerate(rows):
+            seq = req.seq
+            tokens[i, :n] = req.pending[:n]
+            positions[i, :n] = np.arange(seq.cached, seq.cached + n)
+            slots[i], last[i] = seq.slot, n - 1
         sampling = RowSampling(
-            jnp.array(self._temperature[sl]), jnp.array(self._top_k[sl]),
-            jnp.array(self._top_p[sl]), jnp.array(self._seed[sl]),
+            jnp.array(self._temperature[slots]), jnp.array(self._top_k[slots]),
+            jnp.array(self._top_p[slots]), jnp.array(self._seed[slots]),
         )
-        with self._telemetry.span("PREFILL", tokens=n, bucket=bucket, slot=slot):
+        n_tokens = sum(n for _, n in rows)
+        with self._telemetry.span("PREFILL", tokens=n_tokens, rows=len(rows), bucket=chunk):
             token, logprob, self._cache = prefill_chunk(
-                self._model_def, self._weights, self._cache, jnp.asarray(tokens),
-                jnp.asarray(positions), jnp.asarray([slot], jnp.int32),
-                jnp.asarray([n - 1], jnp.int32), sampling,
+                self._model_def, self._weights, self._cache, jnp.array(tokens),
+                jnp.array(positions), jnp.array(slots), jnp.array(last), sampling,
             )
-        del req.pending[:n]
-        seq.cached += n
-        self._counts["prefill_tokens"] += n
-        if req.pending:
+        self._counts["prefill_calls"] += 1
+        self._counts["prefill_tokens"] += n_tokens
+        self._counts["prefill_padded_tokens"] += r * chunk
+        finished = False
+        for req, n in rows:
+            del req.pending[:n]
+            req.seq.cached += n
+            finished = finished or not req.pending
+        if not finished:
             return
-        token, logprob = np.asarray(token), np.asarray(logprob)
-        if not self._record(req, token[:1], logprob[:1]):
-            self._pos[slot] = seq.cached
-            self._tok[slot] = seq.tokens[-1]
-            self._remaining[slot] = req.params.max_tokens - len(req.out_tokens)
-            self._active[slot] = True
+        token, logprob = jax.device_get((token, logprob))
+        self._prefilling = collections.deque(q for q in self._prefilling if q.pending)
+        for i, (req, _) in enumerate(rows):
+            if req.pending:
+                continue
+            seq, slot = req.seq, req.seq.slot
+            if not self._record(req, token[i: i + 1], logprob[i: i + 1]):
+                self._pos[slot] = seq.cached
+                self._tok[slot] = seq.tokens[-1]
+                self._remaining[slot] = req.params.max_tokens - len(req.out_tokens)
+                self._active[slot] = True
 
     # ------------------------------------------------------------------ decode
 
@@ -600,29 +650,36 @@ class Engine:
         steps = self.config.decode_steps_per_call
         version = self._version
         active_before = int(self._active.sum())
-        sampling = RowSampling(
-            jnp.array(self._temperature), jnp.array(self._top_k),
-            jnp.array(self._top_p), jnp.array(self._seed),
-        )
+        if self._sampling_dev is None:  # per-slot settings change only when a request starts
+            self._sampling_dev = (
+                RowSampling(
+                    jnp.array(self._temperature), jnp.array(self._top_k),
+                    jnp.array(self._top_p), jnp.array(self._seed),
+                ),
+                jnp.array(self._stop_table),
+            )
+        sampling, stop_table = self._sampling_dev
+        state = np.stack([self._tok, self._pos, self._active.astype(np.int32), self._remaining])
         with self._telemetry.span("DECODE_STEP", active=active_before, steps=steps):
             out_tok, out_lp, counts, self._cache = decode_steps(
-                self._model_def, self._weights, self._cache, jnp.array(self._tok),
-                jnp.array(self._pos), jnp.array(self._active), jnp.array(self._remaining),
-                sampling, jnp.array(self._stop_table), steps,
+                self._model_def, self._weights, self._cache, jnp.array(state),
+                sampling, stop_table, steps,
             )
             out_tok, out_lp, counts = jax.device_get((out_tok, out_lp, counts))
         n_steps = int(counts.max())
         self._counts["decode_calls"] += 1
         self._counts["steps"] += n_steps
+        self._counts["slot_steps"] += n_steps * len(self._tok)
+        self._counts["decode_tokens"] += int(counts.sum())
         self._tokens_per_step = float(counts.sum()) / max(n_steps, 1)
-        for slot in np.flatnonzero(counts):
+        emitted = np.flatnonzero(counts)
+        self._pos[emitted] += counts[emitted]
+        self._remaining[emitted] -= counts[emitted]
+        for slot in emitted:
             c = int(counts[slot])
             seq = self._slot_seq[slot]
-            req = seq.request
             seq.cached += c
-            self._pos[slot] += c
-            self._remaining[slot] -= c
-            if self._record(req, out_tok[slot, :c], out_lp[slot, :c], version):
+            if self._record(seq.request, out_tok[slot, :c], out_lp[slot, :c], version):
                 continue
             self._tok[slot] = seq.tokens[-1]
         self._telemetry.counters(

@@ -1,10 +1,10 @@
-"""The engine's jitted kernels: one prefill chunk, and a fused run of decode steps over all slots.
+"""The engine's jitted kernels: a prefill chunk of several requests, and fused decode steps.
 
 Both take `(model_def, weights, cache, ...)` where `model_def = (graphdef, treedef)` is static
 and `weights` is the flat list of parameter arrays (`jax.tree.leaves(state)`: a plain list
 keeps per-call dispatch in JAX's C++ fast path). They donate the cache (updated in place) and
 never the weights (the trainer may share them). Shapes are fixed per engine: prefill compiles
-once per chunk bucket, decode once.
+once per (row bucket, chunk bucket) it meets, decode once.
 """
 
 from __future__ import annotations
@@ -26,43 +26,41 @@ def prefill_chunk(
     model_def,
     weights,
     cache: KVCache,
-    tokens_1c: jax.Array,
-    positions_1c: jax.Array,
-    slot_1: jax.Array,
-    last_index_1: jax.Array,
+    tokens_rc: jax.Array,
+    positions_rc: jax.Array,
+    slots_r: jax.Array,
+    last_index_r: jax.Array,
     sampling: RowSampling,
 ):
-    """Feeds one chunk of one slot's tokens and samples the token after its last real one.
+    """Feeds one chunk of R requests' tokens (one row each) and samples after each last token.
 
     Args:
-      tokens_1c: [1, C] token ids (padding anywhere after the real ones).
-      positions_1c: [1, C] absolute positions; padding rows carry max_seq_len (write nothing).
-      slot_1: [1] the cache slot.
-      last_index_1: [1] index of the last real token in the chunk.
-      sampling: one row of sampling parameters.
+      tokens_rc: [R, C] token ids (padding anywhere after the real ones).
+      positions_rc: [R, C] absolute positions; padding carries max_seq_len (writes nothing),
+        so a padding row (all max_seq_len) changes no slot.
+      slots_r: [R] the cache slot of each row (distinct among real rows).
+      last_index_r: [R] index of the last real token of each row.
+      sampling: R rows of sampling parameters.
 
     Returns:
-      (token [1] int32, logprob [1] float32, new cache). The sample is only meaningful for
-      the last chunk of a prompt.
+      (tokens [R] int32, logprobs [R] float32, new cache). A row's sample is only meaningful
+      when the chunk is the last of its prompt.
     """
     model = _merge(model_def, weights)
-    logits_1v, cache = model.forward_cached(
-        tokens_1c, positions_1c, cache, slot_ids_b=slot_1, logits_index_b=last_index_1
+    logits_rv, cache = model.forward_cached(
+        tokens_rc, positions_rc, cache, slot_ids_b=slots_r, logits_index_b=last_index_r
     )
-    sample_pos = jnp.take_along_axis(positions_1c, last_index_1[:, None], axis=1)[:, 0] + 1
-    token, logprob = sample_tokens(logits_1v, sampling, sample_pos)
+    sample_pos = jnp.take_along_axis(positions_rc, last_index_r[:, None], axis=1)[:, 0] + 1
+    token, logprob = sample_tokens(logits_rv, sampling, sample_pos)
     return token, logprob, cache
 
 
-@functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnums=(0, 6), donate_argnums=(2,))
 def decode_steps(
     model_def,
     weights,
     cache: KVCache,
-    tokens_s: jax.Array,
-    positions_s: jax.Array,
-    active_s: jax.Array,
-    remaining_s: jax.Array,
+    state_4s: jax.Array,
     sampling: RowSampling,
     stop_ids_sm: jax.Array,
     num_steps: int,
@@ -75,10 +73,9 @@ def decode_steps(
     exits early when no slot is active.
 
     Args:
-      tokens_s: [S] int32 pending token of each slot.
-      positions_s: [S] int32 position of the pending token.
-      active_s: [S] bool slots that decode (idle / parked / prefilling slots write nothing).
-      remaining_s: [S] int32 tokens each slot may still generate.
+      state_4s: [4, S] int32, the rows being: pending token of each slot, position of that
+        token, active flag (1 = decodes; idle / parked / prefilling slots write nothing),
+        tokens each slot may still generate. Packed so a step costs one host transfer.
       sampling: per-slot sampling parameters.
       stop_ids_sm: [S, M] int32 ids that end a slot's completion (-1 = unused).
       num_steps: static number of steps to fuse.
@@ -87,6 +84,8 @@ def decode_steps(
       (tokens [S, N] int32, logprobs [S, N] float32, counts [S] int32 tokens emitted per
       slot (a prefix of each row), new cache).
     """
+    tokens_s, positions_s, remaining_s = state_4s[0], state_4s[1], state_4s[3]
+    active_s = state_4s[2] != 0
     model = _merge(model_def, weights)
     s = tokens_s.shape[0]
     t_max = cache.max_seq_len
