@@ -1,0 +1,63 @@
+"""Guards on the repository layout that keep the test suite and the layers healthy."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "agentax"
+
+
+def test_test_module_basenames_are_unique():
+    # tests/ folders have no __init__.py: two modules with one basename break collection.
+    names = collections.Counter(
+        p.name for p in (ROOT / "tests").rglob("*.py") if p.name not in ("conftest.py", "__init__.py")
+    )
+    assert [n for n, c in names.items() if c > 1] == []
+
+
+LAYER = {
+    "trace": 1, "config": 1, "records": 1,
+    "models": 2, "text": 2,
+    "agents": 3, "envs": 3, "tools": 3, "rewards": 3,
+    "engine": 4, "algos": 4,
+    "rollout": 5, "train": 5,
+    "pipeline": 6, "scale": 6,
+    "cli": 7, "recipes": 7,
+}
+
+
+def _imports(path: pathlib.Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agentax."):
+            yield node.module.split(".")[1]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("agentax."):
+                    yield alias.name.split(".")[1]
+
+
+def test_imports_only_point_downward():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).parts
+        own = rel[0].removesuffix(".py")
+        if own not in LAYER:
+            continue
+        for target in _imports(path):
+            if target in LAYER and target != own and LAYER[target] >= LAYER[own]:
+                # Same-layer imports are allowed only where DESIGN.md lets them through.
+                if not (own == "agents" and target in ("envs", "tools", "rewards")) and not (
+                    own == "envs" and target in ("tools", "rewards")
+                ) and not (own == "rewards" and target == "tools") and not (
+                    own == "scale" and target == "pipeline"
+                ) and not (own == "cli" and target == "recipes") and not (
+                    own == "recipes" and target == "cli"
+                ):
+                    bad.append(f"{'/'.join(rel)} imports agentax.{target}")
+    assert bad == []
+    trace_imports = [t for p in (SRC / "trace").rglob("*.py") for t in _imports(p) if t != "trace"]
+    assert trace_imports == []
