@@ -17,6 +17,7 @@ TINY = [
     "sft.steps=2", "sft.batch_size=8", "sft.num_demos=32", "run.steps=1",
     "env.num_train_tasks=64", "env.num_eval_tasks=4",
     "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=8",
+    "pipeline.filters=[]",  # an untrained policy gets 0 everywhere: keep its groups
     "engine.max_slots=8", "eval.max_concurrency=8", "eval.samples=1",
     "tracing.console=false",
 ]

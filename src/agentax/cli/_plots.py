@@ -29,9 +29,9 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
     if rl:
         steps = [r["step"] for r in rl]
         ax.plot(steps, [r["success"] for r in rl], "-", color="tab:blue",
-                label="success (training samples)")
+                label="success (all sampled episodes)")
         ax.plot(steps, [r["tool_rate"] for r in rl], "-", color="tab:orange",
-                label="tool use (training samples)")
+                label="tool use (all sampled episodes)")
     for mode, marker in (("greedy", "o"), ("sampled", "s")):
         pts = [(r["step"], r[f"eval/{mode}/success"], r[f"eval/{mode}/tool_rate"])
                for r in evals if f"eval/{mode}/success" in r]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -151,16 +150,24 @@ def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult]
 
 
 class _TrackingCollector(Collector):
-    """A Collector that remembers, per group, which episodes used a tool and how many tokens."""
+    """A Collector that remembers which episodes used a tool, their tokens and rewards.
+
+    `by_group` serves the trained groups of a step; `finished` holds every episode finished
+    since it was last drained, including those of groups the filters dropped, so the reported
+    success rate is over everything sampled, not only over the (mixed-reward) trained groups.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.by_group: dict[str, list[tuple[bool, int]]] = collections.defaultdict(list)
+        self.finished: list[tuple[float, bool]] = []
 
     async def run_episode(self, task, *, seed, group_id="", sample_index=0):
         traj = await super().run_episode(task, seed=seed, group_id=group_id,
                                          sample_index=sample_index)
-        self.by_group[group_id].append((used_tool(traj), traj.num_generated))
+        used = used_tool(traj)
+        self.by_group[group_id].append((used, traj.num_generated))
+        self.finished.append((float(traj.reward), used))
         return traj
 
 
@@ -240,11 +247,17 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                 tools.append(used)
                 tokens += n
         trained[0] += len(tools)
+        sampled, collector.finished = collector.finished, []
         m = record.metrics
         metrics = {
             "phase": "rl", "policy_version": record.policy_version,
-            "success": record.success_rate, "reward": record.reward_mean,
-            "tool_rate": float(np.mean(tools)) if tools else 0.0,
+            # Over every episode finished since the last step (filtered groups included).
+            "success": float(np.mean([r > 0 for r, _ in sampled])) if sampled else 0.0,
+            "tool_rate": float(np.mean([u for _, u in sampled])) if sampled else 0.0,
+            "episodes": len(sampled),
+            # Over the groups this step trained on (all-equal groups are filtered out).
+            "success_trained": record.success_rate, "reward": record.reward_mean,
+            "tool_rate_trained": float(np.mean(tools)) if tools else 0.0,
             "staleness": max(record.staleness, default=0),
             "staleness_mean": float(np.mean(record.staleness)) if record.staleness else 0.0,
             "traj_per_s": trained[0] / max(record.wall_s, 1e-9),
@@ -271,6 +284,21 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
     pipeline = Pipeline(collector, trainer, engine, list(suite.train_tasks), cfg.pipeline,
                         on_step=on_step, start_version=start_step, start_group=start_group)
 
+    async def watchdog() -> None:
+        """Says so when every group is being filtered out and no step can happen."""
+        seen_steps, seen_dropped = -1, 0
+        while True:
+            await asyncio.sleep(20.0)
+            steps = sum(r.get("phase") == "rl" for r in rep.history)
+            dropped = pipeline.accounting.filtered.get("all_equal_rewards", 0)
+            if steps == seen_steps and dropped - seen_dropped >= 2 * cfg.pipeline.group_size * \
+                    cfg.pipeline.groups_per_step:
+                rep.say(f"[yellow]warning[/yellow]: no RL step for a while; {dropped - seen_dropped} "
+                        "episodes were dropped because every sample of their group got the same "
+                        "reward (no learning signal). Warm-start the policy (sft.steps, "
+                        "init.from_run) or set pipeline.filters=[] to train on them anyway.")
+            seen_steps, seen_dropped = steps, dropped
+
     async def main() -> Any:
         t = time.perf_counter()
         if start_step == 0:
@@ -278,7 +306,11 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                 cfg, engine, tokenizer, suite))
         rep.timings["eval_before_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        result = await pipeline.arun(steps_left)
+        guard = asyncio.create_task(watchdog())
+        try:
+            result = await pipeline.arun(steps_left)
+        finally:
+            guard.cancel()
         rep.timings["rl_s"] = time.perf_counter() - t
         if view is not None:
             view.close()
