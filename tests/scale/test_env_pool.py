@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import time
 import os
 
 import pytest
@@ -199,18 +200,23 @@ def test_pipeline_with_remote_environments_balances_the_books():
         tasks = lambda i: Task(id="crash" if i == 1 else f"t{i}", prompt="hi")  # noqa: E731
         config = PipelineConfig(group_size=2, groups_per_step=2, max_concurrency=4, max_staleness=1,
                                 filters=())
-        result = Pipeline(collector, trainer, engine, tasks, config).run(3)
+        # Enough steps that the crashing group (admitted first) resolves before the run ends,
+        # even when the actor's death takes a while to surface on a loaded machine.
+        result = Pipeline(collector, trainer, engine, tasks, config).run(6)
         stats = pool.stats()
+        deadline = time.time() + 30  # the last publication lands between two engine steps
+        while engine.policy_version != 6 and time.time() < deadline:
+            time.sleep(0.01)
     finally:
         engine.shutdown()
         pool.shutdown()
     acc = result.accounting
     acc.check()  # started == trained + filtered + failed, nothing in flight
     assert acc.started == acc.trained + acc.num_filtered + acc.num_failed
-    assert acc.trained == 3 * 2 * 2 == sum(len(g.trajectories) for g in trainer.groups)
+    assert acc.trained == 6 * 2 * 2 == sum(len(g.trajectories) for g in trainer.groups)
     assert acc.failed["env_error"] >= 1 and acc.statuses["env_error"] == acc.failed["env_error"]
     assert "g1" not in {g.group_id for g in trainer.groups}
-    assert engine.policy_version == 3
+    assert engine.policy_version == 6
     # Episodes still running when the run ended were cancelled; their actors were retired too.
     assert stats.actor_deaths >= 1
     assert stats.actors_replaced == stats.actor_deaths + stats.calls_abandoned
