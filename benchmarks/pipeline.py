@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups-per-step", type=int, default=4)
     args = ap.parse_args()
-    args.steps = args.steps or (3 if args.quick else 12)
+    args.steps = args.steps or (3 if args.quick else 24)
 
     run_mode("async", 1, 2, 0.0, args)  # warm-up: compile every kernel once
     turn_s = measure_model_turn(args)
