@@ -130,3 +130,21 @@ def test_pipeline_config_rejects_bad_combinations():
         PipelineConfig(max_staleness=0, publish_every=2)
     with pytest.raises(ValueError, match="filters"):
         PipelineConfig(filters=("nope",))
+
+
+def test_a_run_that_drops_every_group_warns(caplog):
+    from agentax.records import Group, Trajectory
+
+    def traj(i):
+        return Trajectory(task_id="t", token_ids=np.zeros(2, np.int32), loss_mask=np.ones(2, np.int8),
+                          logprobs=np.zeros(2, np.float32), versions=np.zeros(2, np.int32),
+                          reward=0.0, status=TrajectoryStatus.OK, sample_index=i, group_id="g")
+
+    pipeline = Pipeline(None, None, None, [object()], PipelineConfig(group_size=2, groups_per_step=1))
+    group = Group(group_id="g0", task_id="t", trajectories=(traj(0), traj(1)))
+    with caplog.at_level("WARNING", logger="agentax.pipeline._pipeline"):
+        for _ in range(7):
+            assert pipeline._screen(group) is None
+        assert not caplog.records
+        assert pipeline._screen(group) is None
+    assert "all dropped" in caplog.text and pipeline.accounting.filtered["all_equal_rewards"] == 16

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +42,9 @@ from agentax.rollout import Collector, GroupQueue, drop_all_equal_rewards, episo
 from agentax.trace import get_tracer, names
 
 __all__ = ["Pipeline", "PipelineResult", "StepRecord", "group_staleness"]
+
+log = logging.getLogger(__name__)
+_DROP_STREAK_WARNING = 8  # in units of groups_per_step
 
 _TRAINABLE = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
 _FILTERS = {"all_equal_rewards": drop_all_equal_rewards}
@@ -134,6 +137,7 @@ class Pipeline:
         self.next_group = start_group
         """Index of the next group to admit (the task/data position, saved in checkpoints)."""
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentax-trainer")
+        self._drop_streak = 0
 
     # ------------------------------------------------------------------ shared pieces
 
@@ -152,6 +156,19 @@ class Pipeline:
 
     def _screen(self, group: Group) -> Group | None:
         """Failed members sink the group (counted by status); then the configured filters."""
+        kept = self._screen_group(group)
+        self._drop_streak = 0 if kept is not None else self._drop_streak + 1
+        if self._drop_streak == _DROP_STREAK_WARNING * self.config.groups_per_step:
+            # Not an error (a policy can recover), but a run that drops everything never steps.
+            log.warning(
+                "the last %d groups were all dropped (filtered %s, failed %s); the trainer cannot "
+                "step until a group survives — e.g. an untrained policy with all-equal rewards "
+                "under the 'all_equal_rewards' filter",
+                self._drop_streak, dict(self.accounting.filtered), dict(self.accounting.failed),
+            )
+        return kept
+
+    def _screen_group(self, group: Group) -> Group | None:
         failed = [t for t in group.trajectories if t.status not in _TRAINABLE]
         if failed:
             for traj in group.trajectories:
