@@ -84,8 +84,12 @@ def confined_command(
             cmd += ["--ro-bind", link, link]
     bound: list[str] = list(_SYSTEM_DIRS) + [l for l in _SYSTEM_LINKS if os.path.exists(l)]
     made: set[str] = set()
+    under_tmp: list[str] = []
     for p in sorted(set(os.path.abspath(p) for p in ro_paths)):
-        if _covered(p, bound) or _covered(p, ["/proc", "/dev", "/tmp", SANDBOX_WORKDIR]):
+        if _covered(p, ["/tmp"]) and not _covered(p, bound):
+            under_tmp.append(p)  # e.g. a venv in /tmp: bound after the private /tmp, on top of it
+            continue
+        if _covered(p, bound) or _covered(p, ["/proc", "/dev", SANDBOX_WORKDIR]):
             continue
         parts = p.strip("/").split("/")
         for i in range(1, len(parts)):  # parents get 0755 so the dropped uid can traverse them
@@ -96,8 +100,16 @@ def confined_command(
         cmd += ["--ro-bind", p, p]
         bound.append(p)
     cmd += ["--proc", "/proc", "--dev", "/dev",
-            "--bind", host_tmpdir, "/tmp",
-            "--bind", host_workdir, SANDBOX_WORKDIR,
+            "--bind", host_tmpdir, "/tmp"]
+    for p in under_tmp:
+        parts = p.strip("/").split("/")
+        for i in range(2, len(parts)):  # /tmp itself is the private scratch dir
+            parent = "/" + "/".join(parts[:i])
+            if parent not in made:
+                cmd += ["--perms", "0755", "--dir", parent]
+                made.add(parent)
+        cmd += ["--ro-bind", p, p]
+    cmd += ["--bind", host_workdir, SANDBOX_WORKDIR,
             "--chdir", SANDBOX_WORKDIR,
             "--remount-ro", "/",
             "--clearenv"]
