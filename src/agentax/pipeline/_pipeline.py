@@ -286,9 +286,7 @@ class Pipeline:
     async def _run_async(self, num_steps: int, t_start: float) -> list[StepRecord]:
         cfg = self.config
         gate = StalenessGate(cfg.max_staleness, cfg.groups_per_step)
-        await gate.set_version(self.version)
-        gate_base = self.version  # admission counts steps from where this run starts
-        gate._admitted = 0
+        gate_base = self.version  # admission counts steps (and versions) from this run's start
         ready: asyncio.Queue[Group] = asyncio.Queue(cfg.effective_queue_size)
         episodes = asyncio.Semaphore(cfg.max_concurrency)
         running: set[asyncio.Task] = set()
