@@ -214,9 +214,13 @@ def test_pipeline_with_remote_environments_balances_the_books():
     acc.check()  # started == trained + filtered + failed, nothing in flight
     assert acc.started == acc.trained + acc.num_filtered + acc.num_failed
     assert acc.trained == 6 * 2 * 2 == sum(len(g.trajectories) for g in trainer.groups)
-    assert acc.failed["env_error"] >= 1 and acc.statuses["env_error"] == acc.failed["env_error"]
+    # The crashing group fails (env_error) — or, when Ray is slow to report the death on a loaded
+    # machine, is still waiting when the run ends and is cancelled. Either way it is counted and
+    # never trained; test_collector_survives_killed_and_crashed_actors pins the env_error path itself.
+    crashed = acc.failed["env_error"] + acc.failed["cancelled"]
+    assert crashed >= 2 and acc.statuses["env_error"] == acc.failed["env_error"]
     assert "g1" not in {g.group_id for g in trainer.groups}
     assert engine.policy_version == 6
     # Episodes still running when the run ended were cancelled; their actors were retired too.
-    assert stats.actor_deaths >= 1
+    assert stats.actor_deaths + stats.calls_abandoned >= 1
     assert stats.actors_replaced == stats.actor_deaths + stats.calls_abandoned
