@@ -1,0 +1,86 @@
+"""Host-side records of the engine's step thread: requests, sequences, errors, future resolution.
+
+Callers only ever see the error types (re-exported by `agentax.engine`); `_Request` and
+`_Sequence` are the step thread's bookkeeping for one call and one conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from agentax.records import SamplingParams
+
+__all__ = ["EngineClosed", "EngineError", "PromptTooLong", "SequenceError"]
+
+
+class EngineError(RuntimeError):
+    """The engine cannot serve requests (its step loop failed); the cause is chained."""
+
+
+class EngineClosed(EngineError):
+    """The engine was shut down; pending and new requests fail with this."""
+
+
+class PromptTooLong(ValueError):
+    """A prompt (with the sequence's history, on a continuation) does not fit in one slot."""
+
+
+class SequenceError(ValueError):
+    """A continuation names a sequence that is unknown (released, cancelled) or busy."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Sequence:
+    """A conversation's token history and where its KV cache lives."""
+
+    id: int
+    tokens: list[int]
+    """Every token of the conversation so far (prompts and generated), in order."""
+    cached: int = 0
+    """Leading tokens of `tokens` whose k/v sit in `slot` (0 when it has no slot)."""
+    slot: int | None = None
+    request: _Request | None = None
+    """The request in flight on this sequence, if any."""
+    release_when_done: bool = False
+    last_used: int = 0
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    ids: np.ndarray
+    params: SamplingParams
+    sequence_id: int | None
+    loop: asyncio.AbstractEventLoop | None
+    future: Any  # asyncio.Future, or a concurrent-style holder for generate_batch
+    submit_time: float
+    seq: _Sequence | None = None
+    admit_time: float | None = None
+    pending: list[int] = dataclasses.field(default_factory=list)
+    """Tokens still to prefill (history not in the cache + the new ids)."""
+    out_tokens: list[int] = dataclasses.field(default_factory=list)
+    out_logprobs: list[float] = dataclasses.field(default_factory=list)
+    out_versions: list[int] = dataclasses.field(default_factory=list)
+    stop_set: frozenset[int] = frozenset()
+    done: bool = False
+
+
+def _resolve(req: _Request, *, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolves a request's future on its own event loop (from the step thread)."""
+    fut = req.future
+
+    def settle() -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+
+    try:
+        req.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the caller's loop is closed; nobody is waiting
+        pass
