@@ -29,6 +29,7 @@ from agentax.trace._files import TRACE_FILENAME
 SPAN, INSTANT, COUNTER = 0, 1, 2
 
 DEFAULT_CAPACITY = 1 << 20
+_NO_VALUE = object()
 
 
 class ThreadTrack(NamedTuple):
@@ -158,6 +159,7 @@ class Tracer:
         self._events: deque = deque(maxlen=capacity)
         self._dropped = 0
         self._flow_ids = itertools.count(1)
+        self._last_values: dict[str, float] = {}  # counter name -> last sample (on_change)
         self._current_track: contextvars.ContextVar = contextvars.ContextVar(
             f"agentax_trace_track_{id(self)}", default=None)
         self._tls = threading.local()
@@ -231,10 +233,26 @@ class Tracer:
         self._record((INSTANT, ts, ts, track or self.current_track(), name,
                       dict(args) if args else None, (), ()))
 
-    def counter(self, name: str, value: float, *, ts_ns: int | None = None) -> None:
-        """A sample of a counter (one counter track per name)."""
+    def counter(self, name: str, value: float, *, ts_ns: int | None = None,
+                on_change: bool = False) -> None:
+        """A sample of a counter (one counter track per name).
+
+        Args:
+          name: the counter (prefer `agentax.trace.names` constants).
+          value: the sample.
+          ts_ns: when it was taken (default: now).
+          on_change: record it only if it differs from the last sample recorded for `name`
+            (for gauges sampled at every state change of which most change nothing, e.g. the
+            engine's slot counts; the trace shows the same step function). Leave it False for
+            counters whose samples are counted (staleness: one per consumed group).
+        """
         if not self.enabled:
             return
+        if on_change:
+            last = self._last_values
+            if last.get(name, _NO_VALUE) == value:
+                return
+            last[name] = value
         ts = self._clock() if ts_ns is None else int(ts_ns)
         events = self._events
         if len(events) >= self.capacity:
@@ -270,7 +288,7 @@ class Tracer:
         Args:
           path: a run directory (the file is `RUN_DIR/trace.perfetto-trace`) or a file path.
           flush_interval_s: how often the background writer looks at the buffer (it writes
-            when 256 events wait or 2 s passed; `flush()` writes at once).
+            when 4096 events wait or 2 s passed; `flush()` writes at once).
           process_name: the process track's name in the Perfetto UI.
         Returns:
           The trace file path.

@@ -81,6 +81,7 @@ class _Lane:
 
 
 def _annotate(event: pb.TrackEvent, args: dict, name_iid) -> None:
+    """Add `args` as debug annotations with the generated classes (the reference encoder)."""
     for key, value in args.items():
         ann = event.debug_annotations.add()
         ann.name_iid = name_iid(key)
@@ -93,19 +94,48 @@ def _annotate(event: pb.TrackEvent, args: dict, name_iid) -> None:
         elif isinstance(value, str):
             ann.string_value = value
         else:
-            try:
-                ann.string_value = json.dumps(value, default=str)
-            except (TypeError, ValueError):
-                ann.string_value = repr(value)
+            ann.string_value = _as_text(value)
 
 
-_COUNTER_ZERO = struct.pack("<d", 0.0)
+def _as_text(value: Any) -> str:
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _varint(value: int) -> bytes:
+    """The base-128 varint of 0 <= value < 2**64."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _annotation_bytes(name_iid: int, value: Any) -> bytes:
+    """One `TrackEvent.debug_annotations` entry, as the protos serialize it (field order:
+    name_iid, then the value)."""
+    if isinstance(value, bool):
+        body = b"\x10\x01" if value else b"\x10\x00"
+    elif isinstance(value, int) and -(1 << 63) <= value < (1 << 63):
+        body = b"\x20" + _varint(value & 0xFFFFFFFFFFFFFFFF)  # int64: two's complement
+    elif isinstance(value, float):
+        body = b"\x29" + struct.pack("<d", value)
+    else:
+        text = (value if isinstance(value, str) else _as_text(value)).encode()
+        body = b"\x32" + _varint(len(text)) + text
+    body = b"\x08" + _varint(name_iid) + body
+    return b"\x22" + _varint(len(body)) + body
+
+
+_PACKET_HEAD = b"\x50" + _varint(SEQUENCE_ID)  # TracePacket.trusted_packet_sequence_id
+_NEEDS_FLAGS = b"\x68" + _varint(_NEEDS)  # TracePacket.sequence_flags
 # Track uuids all lie in [2**62, 2**63): their varints are 9 bytes, so a template (a packet
 # without its track uuid) has one byte layout for every track.
 _UUID_BASE = 1 << 62
-_UUID_PLACEHOLDERS = (_UUID_BASE, (1 << 63) - 1)
 _UUID_BYTES = 9
-_UUID_MARK = bytes([11 << 3]) + b"\x80" * 8 + b"\x40"  # TrackEvent.track_uuid = 2**62
 _MAX_TEMPLATES = 4096  # distinct arg/flow templates cached before the cache is reset
 
 
@@ -149,21 +179,23 @@ def _ragged_copy(out: np.ndarray, dst: np.ndarray, src_buf: np.ndarray, src: np.
 class PacketEncoder:
     """Turns buffered tracer events into serialized `Trace` bytes, keeping per-trace state.
 
-    Every packet is made by the perfetto protos (generated classes): descriptors and interned
-    names as messages; an event packet as a *template* -- the `TracePacket` serialized by the
-    protos without its timestamp (and, for a counter, without the value) -- cached per
-    (event type, track, name[, args, flows]). Per event only the timestamp (and counter value)
-    differ, so a batch is assembled from `(template, timestamp, value)` rows with numpy:
-    the `Trace.packet` key and length, the `TracePacket.timestamp` key and varint, the
-    template, and the counter's little-endian double. `encode(..., reference=True)` builds
-    the same packets with the generated classes instead (tests check both give equal bytes).
+    Descriptors and interned names are built with the perfetto protos (generated classes). An
+    event packet is a *template* -- the `TracePacket` bytes without its timestamp and track
+    uuid (and, for a counter, without the value), encoded by hand in the protos' field order --
+    cached per (event type, name[, args]); spans with flow ids get a template of their own.
+    Per event only the timestamp, track uuid (and counter value) differ, so a batch is assembled
+    from `(template, timestamp, uuid, value)` rows with numpy: the `Trace.packet` key and
+    length, the `TracePacket.timestamp` key and varint, the template, and the counter's
+    little-endian double. `encode(..., reference=True)` builds every packet with the generated
+    classes instead (tests check both give equal bytes).
     """
 
     def __init__(self, *, pid: int | None = None, process_name: str = "agentax") -> None:
         self.pid = os.getpid() if pid is None else pid
         self.process_name = process_name
         self._next_uuid = _UUID_BASE | (self.pid & 0xFFFF) << 32 | 1
-        self._tracks: dict[Any, int] = {}  # (track, lane) | ("counter", name) -> uuid
+        self._tracks: dict[Any, int] = {}  # (track, lane) -> uuid
+        self._counter_uuids: dict[str, int] = {}  # counter name -> uuid
         self._groups: dict[str, int] = {}
         self._lanes: dict[Any, list[_Lane]] = {}
         self._event_names: dict[str, int] = {}
@@ -236,10 +268,9 @@ class PacketEncoder:
         return uuid
 
     def _counter_uuid(self, name: str) -> int:
-        key = ("counter", name)
-        uuid = self._tracks.get(key)
+        uuid = self._counter_uuids.get(name)
         if uuid is None:
-            uuid = self._tracks[key] = self._uuid()
+            uuid = self._counter_uuids[name] = self._uuid()
             self._describe(uuid, name=name, parent=self._process_uuid, counter=True)
         return uuid
 
@@ -261,42 +292,51 @@ class PacketEncoder:
     # -- templates --------------------------------------------------------------------------
     def _template(self, kind: int, name: str | None, args: dict | None = None,
                   flow_out: tuple = (), flow_in: tuple = ()) -> int:
-        """Index of a new template: the event packet serialized by the protos, split around the
-        track uuid (and, for a counter, without the value)."""
-        packet = pb.TracePacket(trusted_packet_sequence_id=SEQUENCE_ID)
-        ev = packet.track_event
-        ev.type = kind
+        """Index of a new template: the event packet without its timestamp, split around the
+        track uuid (and, for a counter, without the value).
+
+        Encoded by hand in the field order the protos serialize (`_proto_packet` builds the
+        same packet with the generated classes; the encoder tests check they agree): making a
+        template for every episode (its args and flow ids are unique) must cost microseconds.
+        """
+        body = b"".join([_annotation_bytes(self._arg_iid(k), v) for k, v in args.items()]) \
+            if args else b""
+        body += b"\x48" + _varint(kind)  # TrackEvent.type
+        if name is not None and kind != _COUNTER:
+            body += b"\x50" + _varint(self._name_iid(name))  # TrackEvent.name_iid
         if kind == _COUNTER:
-            ev.double_counter_value = 0.0
+            tail, value_bytes = b"\xe1\x02", 8  # double_counter_value; the 8 bytes come later
         else:
-            packet.sequence_flags = _NEEDS
-            if name is not None:
-                ev.name_iid = self._name_iid(name)
-            if args:
-                _annotate(ev, args, self._arg_iid)
-            if flow_out:
-                ev.flow_ids.extend(flow_out)
-            if flow_in:
-                ev.terminating_flow_ids.extend(flow_in)
-        ev.track_uuid = _UUID_PLACEHOLDERS[0]
-        a = packet.SerializeToString()
-        at = a.find(_UUID_MARK) + 1  # where the uuid varint starts
-        if at == 0 or a.find(_UUID_MARK, at) != -1:  # ambiguous: find it by a second placeholder
-            ev.track_uuid = _UUID_PLACEHOLDERS[1]
-            b = packet.SerializeToString()
-            at = next(i for i in range(len(a)) if a[i] != b[i])
-            if len(a) != len(b) or a[at + _UUID_BYTES:] != b[at + _UUID_BYTES:]:
-                raise AssertionError("track uuid placeholders serialized to different lengths")
-        prefix, suffix = a[:at], a[at + _UUID_BYTES:]
-        if kind == _COUNTER:  # the value is the packet's last field: 8 value bytes follow
-            if not suffix.endswith(_COUNTER_ZERO):
-                raise AssertionError("counter value is not the last field of its packet")
-            suffix = suffix[:-8]
-        self._template_full.append(a)
+            tail = b"".join([b"\xf9\x02" + struct.pack("<Q", f) for f in flow_out]
+                            + [b"\x81\x03" + struct.pack("<Q", f) for f in flow_in])
+            value_bytes = 0
+        event_len = len(body) + 1 + _UUID_BYTES + len(tail) + value_bytes
+        prefix = _PACKET_HEAD + b"\x5a" + _varint(event_len) + body + b"\x58"
+        suffix = tail if kind == _COUNTER else tail + _NEEDS_FLAGS
+        self._template_specs.append((kind, name, args, flow_out, flow_in))
         self._template_prefix.append(prefix)
         self._template_suffix.append(suffix)
         self._template_kinds.append(kind == _COUNTER)
-        return len(self._template_full) - 1
+        return len(self._template_specs) - 1
+
+    def _proto_packet(self, tid: int, ts: int, uuid: int, value: float) -> pb.TracePacket:
+        """The packet of template `tid` built with the generated classes (reference path)."""
+        kind, name, args, flow_out, flow_in = self._template_specs[tid]
+        packet = pb.TracePacket(timestamp=ts, trusted_packet_sequence_id=SEQUENCE_ID)
+        ev = packet.track_event
+        ev.type = kind
+        ev.track_uuid = uuid
+        if kind == _COUNTER:
+            ev.double_counter_value = value
+            return packet
+        packet.sequence_flags = _NEEDS
+        if name is not None:
+            ev.name_iid = self._name_iid(name)
+        if args:
+            _annotate(ev, args, self._arg_iid)
+        ev.flow_ids.extend(flow_out)
+        ev.terminating_flow_ids.extend(flow_in)
+        return packet
 
     def _cached(self, key: Any, kind: int, name: str | None, args: dict | None = None,
                 flow_out: tuple = (), flow_in: tuple = ()) -> int:
@@ -311,7 +351,7 @@ class PacketEncoder:
 
     def _sync_templates(self) -> None:
         """Append the templates made since the last batch to the numpy copies."""
-        done, count = len(self._template_counter), len(self._template_full)
+        done, count = len(self._template_counter), len(self._template_specs)
         if done == count:
             return
         self._template_counter = np.concatenate(
@@ -328,7 +368,7 @@ class PacketEncoder:
 
     def _reset_templates(self) -> None:
         self._templates = {}
-        self._template_full = []
+        self._template_specs = []
         self._template_prefix = []
         self._template_suffix = []
         self._template_kinds = []
@@ -343,7 +383,7 @@ class PacketEncoder:
         """Serialize `events` (buffer entries: record tuples or finished `Span`s) as `Trace`
         bytes to append to the file. `reference=True` assembles the event packets with the
         generated protobuf classes instead of the template fast path (same bytes, slower)."""
-        if len(self._template_full) > _MAX_TEMPLATES:
+        if len(self._template_specs) > _MAX_TEMPLATES:
             self._reset_templates()
         self._desc = pb.Trace()
         header = self._packet()
@@ -361,76 +401,95 @@ class PacketEncoder:
         # Children end before parents; ties: the inner (later-starting) span first.
         rows.sort(key=_START, reverse=True)  # two stable sorts, C keys: by end, then -start
         rows.sort(key=_END_KEY)
-        templates = self._templates
-        cached = self._cached
-        stamps: list[int] = []
+        templates, cached, lanes_of = self._templates, self._cached, self._lanes
+        track_uuids, counter_uuids = self._tracks, self._counter_uuids
+        # Per row: written start, track uuid, template id, counter value (0.0 where none); a
+        # span row becomes two packets (begin, end) in `_assemble`.
+        starts: list[int] = []
         uuids: list[int] = []
         ids: list[int] = []
-        values: list[float] = []  # counter value per packet (0.0 where none)
-        put_ts, put_uuid, put_id, put_value = stamps.append, uuids.append, ids.append, values.append
-        end_tid = templates.get(_END)
-        if end_tid is None:
-            end_tid = templates[_END] = self._template(_END, None)
+        values: list[float] = []
+        put_start, put_uuid, put_id, put_value = starts.append, uuids.append, ids.append, \
+            values.append
+        counter_tid = templates.get(_COUNTER)
+        if counter_tid is None:
+            counter_tid = cached(_COUNTER, _COUNTER, None)
         for kind, start, end, track, name, payload, flow_out, flow_in in rows:
             if kind == SPAN:
-                lane, start = self._place(track, start, end)
-                uuid = self._track_uuid(track, lane)
-                if payload or flow_out or flow_in:
-                    tid = cached((name, _args_key(payload), flow_out, flow_in), _BEGIN, name,
-                                 payload, flow_out, flow_in)
+                lanes = lanes_of.get(track)
+                root = lanes[0] if lanes is not None else None
+                if (root is not None and root.ends and root.ends[-1] <= start
+                        and root.origins[-1] < start and len(root.starts) < 2 * _MAX_ROOTS):
+                    root.starts.append(start)  # after everything on lane 0 (the common case)
+                    root.ends.append(end)
+                    root.origins.append(start)
+                    uuid = track_uuids.get((track, 0)) or self._track_uuid(track, 0)
+                else:
+                    lane, start = self._place(track, start, end)
+                    uuid = track_uuids.get((track, lane)) or self._track_uuid(track, lane)
+                if flow_out or flow_in:  # flow ids are unique: a template for this event only
+                    tid = self._template(_BEGIN, name, payload, flow_out, flow_in)
+                elif payload:
+                    tid = cached((name, _args_key(payload)), _BEGIN, name, payload)
                 else:
                     tid = templates.get(name)
                     if tid is None:
                         tid = cached(name, _BEGIN, name)
-                put_ts(start)
-                put_uuid(uuid)
-                put_id(tid)
-                put_value(0.0)
-                put_ts(end)
-                put_uuid(uuid)
-                put_id(end_tid)
-                put_value(0.0)
-            elif kind == INSTANT:
-                tid = cached((_INSTANT, name, _args_key(payload)), _INSTANT, name, payload)
-                put_ts(start)
-                put_uuid(self._track_uuid(track, 0))
-                put_id(tid)
                 put_value(0.0)
             elif kind == COUNTER:
-                tid = templates.get(_COUNTER)
-                if tid is None:
-                    tid = cached(_COUNTER, _COUNTER, None)
-                put_ts(start)
-                put_uuid(self._counter_uuid(name))
-                put_id(tid)
+                uuid = counter_uuids.get(name) or self._counter_uuid(name)
+                tid = counter_tid
                 put_value(payload)
+            else:
+                tid = cached((_INSTANT, name, _args_key(payload)), _INSTANT, name, payload)
+                uuid = self._track_uuid(track, 0)
+                put_value(0.0)
+            put_start(start)
+            put_uuid(uuid)
+            put_id(tid)
+        end_tid = templates.get(_END)
+        if end_tid is None:
+            end_tid = templates[_END] = self._template(_END, None)
+        stamps, uuids, ids, values = self._packets(rows, starts, uuids, ids, values, end_tid)
         head = self._desc.SerializeToString()
         self._desc = self._interned = None
         if reference:
             return head + self._assemble_reference(stamps, uuids, ids, values)
         return head + self._assemble(stamps, uuids, ids, values)
 
-    def _assemble_reference(self, stamps: list[int], uuids: list[int], ids: list[int],
-                            values: list[float]) -> bytes:
+    @staticmethod
+    def _packets(rows: list, starts: list, uuids: list, ids: list, values: list,
+                 end_tid: int) -> tuple:
+        """Per-packet columns from per-row ones: a span row is a begin and an end packet."""
+        if not rows:
+            empty = np.zeros(0, dtype=np.uint64)
+            return empty, empty, empty.astype(np.int64), empty.astype(np.float64)
+        kinds = np.fromiter(map(_KIND, rows), dtype=np.int8, count=len(rows))
+        per_row = np.where(kinds == SPAN, 2, 1)
+        row = np.repeat(np.arange(len(rows)), per_row)
+        is_end = np.zeros(len(row), dtype=bool)
+        is_end[np.cumsum(per_row)[kinds == SPAN] - 1] = True
+        ends = np.fromiter(map(_END_KEY, rows), dtype=np.uint64, count=len(rows))
+        stamps = np.where(is_end, ends[row], np.array(starts, dtype=np.uint64)[row])
+        tids = np.where(is_end, end_tid, np.array(ids, dtype=np.int64)[row])
+        return (stamps, np.array(uuids, dtype=np.uint64)[row], tids,
+                np.array(values, dtype=np.float64)[row])
+
+    def _assemble_reference(self, stamps: np.ndarray, uuids: np.ndarray, ids: np.ndarray,
+                            values: np.ndarray) -> bytes:
         trace = pb.Trace()
-        for ts, uuid, tid, value in zip(stamps, uuids, ids, values):
-            packet = trace.packet.add()
-            packet.MergeFromString(self._template_full[tid])
-            packet.timestamp = ts
-            packet.track_event.track_uuid = uuid
-            if packet.track_event.type == _COUNTER:
-                packet.track_event.double_counter_value = value
+        for ts, uuid, tid, value in zip(stamps.tolist(), uuids.tolist(), ids.tolist(),
+                                        values.tolist()):
+            trace.packet.append(self._proto_packet(tid, ts, uuid, value))
         return trace.SerializeToString()
 
-    def _assemble(self, stamps: list[int], uuids: list[int], ids: list[int],
-                  values: list[float]) -> bytes:
+    def _assemble(self, stamps: np.ndarray, uuids: np.ndarray, ids: np.ndarray,
+                  values: np.ndarray) -> bytes:
         """Frame + timestamp + template prefix + uuid + template suffix [+ value] per packet."""
-        if not stamps:
+        if not len(stamps):
             return b""
         self._sync_templates()
-        ts = np.array(stamps, dtype=np.uint64)
-        uuid = np.array(uuids, dtype=np.uint64)
-        tid = np.array(ids, dtype=np.int64)
+        ts, uuid, tid = stamps, uuids, ids
         plen, slen = self._prefix_len[tid], self._suffix_len[tid]
         is_counter = self._template_counter[tid]
         ts_nb = _varint_nbytes(ts)
@@ -453,13 +512,13 @@ class PacketEncoder:
         _ragged_copy(out, pos, self._suffix_buf, self._suffix_off[tid], slen)
         counters = np.flatnonzero(is_counter)
         if len(counters):
-            value_bytes = np.array(values, dtype="<f8").view(np.uint8).reshape(-1, 8)
+            value_bytes = values.astype("<f8").view(np.uint8).reshape(-1, 8)
             dst = (pos + slen)[counters]
             out[dst[:, None] + np.arange(8)] = value_bytes[counters]
         return out.tobytes()
 
 
-_START, _END_KEY = itemgetter(1), itemgetter(2)
+_KIND, _START, _END_KEY = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def _args_key(args: dict | None) -> tuple:
@@ -473,14 +532,14 @@ class PerfettoWriter:
     """A daemon thread that drains a tracer and appends to `path`.
 
     It wakes every `flush_interval_s`, but writes only when `min_batch` events are waiting or
-    `max_interval_s` passed since its last write (few large batches: less CPU, fewer GIL
-    handovers); `drain()` (`Tracer.flush`) writes everything at once. Batches are encoded in
-    chunks of at most `max_batch` events with a GIL handover between chunks, so the threads
-    doing the real work never wait long for the writer.
+    `max_interval_s` passed since its last write: encoding costs a fixed part per batch, so few
+    large batches take the least CPU (and GIL) from the threads doing the real work;
+    `drain()` (`Tracer.flush`) writes everything at once. Batches are encoded in chunks of at
+    most `max_batch` events with a GIL handover between chunks.
     """
 
     def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
-                 process_name: str = "agentax", max_batch: int = 8192, min_batch: int = 256,
+                 process_name: str = "agentax", max_batch: int = 8192, min_batch: int = 4096,
                  max_interval_s: float | None = None) -> None:
         self.path = path
         self.events_written = 0
