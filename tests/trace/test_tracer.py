@@ -128,6 +128,27 @@ def test_thread_tracks_instants_counters_and_error_args(tmp_path):
     assert marker.track == "collector" and marker.args == {"why": "test", "ok": True, "x": 1.5}
 
 
+def test_on_change_counters_skip_repeats_and_same_ns_samples_keep_their_order(tmp_path):
+    clock = FakeClock()
+    tracer = Tracer(clock=clock)
+    tracer.start(tmp_path)
+    for value in (0, 0, 1, 1, 0, 2, 2):
+        clock.now += 10
+        tracer.counter(names.ENGINE_WAITING, value, on_change=True)
+    clock.now += 10
+    for depth in (2, 2):  # plain samples are all kept (staleness samples are counted)
+        tracer.counter(names.QUEUE_DEPTH, depth)
+    for value in (1, 0):  # same ns: the later sample is the value that holds afterwards
+        tracer.counter(names.ENGINE_ACTIVE_SLOTS, value, on_change=True)
+    tracer.close()
+    trace = read_trace(_trace_path(tmp_path))
+    waiting = trace.counters[names.ENGINE_WAITING]
+    assert [v for _, v in waiting] == [0.0, 1.0, 0.0, 2.0]
+    assert [t for t, _ in waiting] == [1_000_010, 1_000_030, 1_000_050, 1_000_060]
+    assert [v for _, v in trace.counters[names.QUEUE_DEPTH]] == [2.0, 2.0]
+    assert [v for _, v in trace.counters[names.ENGINE_ACTIVE_SLOTS]] == [1.0, 0.0]
+
+
 def test_traced_decorator_sync_and_async_and_disabled_switch():
     tracer = Tracer()
 

@@ -54,6 +54,7 @@ class Telemetry:
         self.names = _names()
         self._has_span = hasattr(self.tracer, "span")
         self._has_counter = hasattr(self.tracer, "counter")
+        self._last: dict[str, float] = {}  # counter key -> last value recorded
 
     def span(self, key: str, **args: Any):
         if not self._has_span:
@@ -64,8 +65,12 @@ class Telemetry:
     def counters(self, *, active: int, waiting: int, tokens_per_step: float, evictions: int):
         if not self._has_counter:
             return
-        n = self.names
-        self.tracer.counter(n["ENGINE_ACTIVE_SLOTS"], active)
-        self.tracer.counter(n["ENGINE_WAITING"], waiting)
-        self.tracer.counter(n["ENGINE_TOKENS_PER_STEP"], tokens_per_step)
-        self.tracer.counter(n["ENGINE_EVICTIONS"], evictions)
+        # Called every engine step; most steps change none of these, and a counter track is a
+        # step function, so only changes are recorded (always-on tracing must stay cheap).
+        last = self._last
+        for key, value in (("ENGINE_ACTIVE_SLOTS", active), ("ENGINE_WAITING", waiting),
+                           ("ENGINE_TOKENS_PER_STEP", tokens_per_step),
+                           ("ENGINE_EVICTIONS", evictions)):
+            if last.get(key) != value:
+                last[key] = value
+                self.tracer.counter(self.names[key], value)

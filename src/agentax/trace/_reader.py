@@ -9,11 +9,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import defaultdict
+from operator import itemgetter
 from typing import Any, Iterator, Mapping
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from agentax.trace._writer import LANE_SEPARATOR
+
+# Counter samples sort by time only (stable): samples taken at the same ns keep the order they
+# were recorded in, so the last one is the value that holds afterwards.
+_TS = itemgetter(0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -186,5 +191,5 @@ def read_trace(path: str | os.PathLike) -> TraceData:
     instants.sort(key=lambda i: i.ts_ns)
     tracks = sorted({n for u, n in track_name.items() if u not in counter_tracks})
     return TraceData(spans=tuple(spans), instants=tuple(instants),
-                     counters={k: tuple(sorted(v)) for k, v in counters.items()},
+                     counters={k: tuple(sorted(v, key=_TS)) for k, v in counters.items()},
                      tracks=tuple(tracks), process_name=process_name)

@@ -111,8 +111,9 @@ class _Sim:
         self.next_episode = 0
 
     def _engine_counters(self) -> None:
-        self.tracer.counter(names.ENGINE_ACTIVE_SLOTS, self.active)
-        self.tracer.counter(names.ENGINE_WAITING, self.waiting)
+        # Like the engine: both gauges at every state change, recorded only when they change.
+        self.tracer.counter(names.ENGINE_ACTIVE_SLOTS, self.active, on_change=True)
+        self.tracer.counter(names.ENGINE_WAITING, self.waiting, on_change=True)
 
     async def model_call(self) -> None:
         with self.tracer.span(names.MODEL_CALL):
