@@ -168,3 +168,31 @@ def test_tool_calls_and_rewards_are_traced_on_the_episode_track():
     assert spans.count((names.TOOL_CALL, track)) == 1 and spans.count((names.REWARD, track)) == 1
     # ENV_RESET / ENV_STEP belong to the collector, which wraps these calls
     assert not [n for n, _ in spans if n in (names.ENV_RESET, names.ENV_STEP)]
+
+
+def test_tool_call_spans_say_whether_the_call_succeeded():
+    from agentax.trace import get_tracer, names
+
+    tracer = get_tracer()
+
+    @tool(timeout_s=0.05)
+    async def slow(seconds: float) -> str:
+        """Sleeps."""
+        await asyncio.sleep(seconds)
+        return "done"
+
+    async def go():
+        env = ToolEnvironment([calculator, slow], exact, call_grace_s=0.0)
+        await env.reset(TASK)
+        await env.step(Action(text="", tool_calls=(
+            ToolCall(name="calculator", arguments={"expression": "1+1"}),
+            ToolCall(name="no_such_tool", arguments={}),
+            ToolCall(name="slow", arguments={"seconds": 5}),
+        )))
+
+    tracer.take_events()
+    asyncio.run(go())
+    calls = {e[5]["tool"]: e[5] for e in tracer.take_events() if e[0] == 0 and e[4] == names.TOOL_CALL}
+    assert calls["calculator"] == {"tool": "calculator", names.ARG_OK: True}
+    assert calls["no_such_tool"][names.ARG_OK] is False and calls["no_such_tool"][names.ARG_ERROR]
+    assert calls["slow"] == {"tool": "slow", names.ARG_OK: False, names.ARG_ERROR: "timeout"}

@@ -154,22 +154,25 @@ class ToolEnvironment(Environment):
             counts["unknown_tools"] += 1
         limit = (tool.timeout_s if tool is not None else 10.0) + self.call_grace_s
         t0 = time.perf_counter()
-        try:
-            with get_tracer().span(names.TOOL_CALL, args={"tool": str(call.name)}):
+        with get_tracer().span(names.TOOL_CALL, args={"tool": str(call.name)}) as span:
+            try:
                 result = await asyncio.wait_for(self.registry.call(call), limit)
-        except TimeoutError:
-            result = ToolResult(
-                name=call.name, call_id=call.id, ok=False, error="timeout", content=f"Error: the tool gave no answer within {limit:.0f} s."
-            )
-        except Exception as e:  # noqa: BLE001 - tools must not raise, but a broken one must not kill the episode
-            result = ToolResult(
-                name=call.name, call_id=call.id, ok=False, error="crashed", content=f"Error: the tool failed: {type(e).__name__}: {e}"
-            )
-        if not isinstance(result, ToolResult):
-            result = ToolResult(
-                name=call.name, call_id=call.id, ok=False, error="crashed",
-                content=f"Error: the tool returned {type(result).__name__} instead of a result.",
-            )  # fmt: skip
+            except TimeoutError:
+                result = ToolResult(
+                    name=call.name, call_id=call.id, ok=False, error="timeout", content=f"Error: the tool gave no answer within {limit:.0f} s."
+                )
+            except Exception as e:  # noqa: BLE001 - tools must not raise, but a broken one must not kill the episode
+                result = ToolResult(
+                    name=call.name, call_id=call.id, ok=False, error="crashed", content=f"Error: the tool failed: {type(e).__name__}: {e}"
+                )
+            if not isinstance(result, ToolResult):
+                result = ToolResult(
+                    name=call.name, call_id=call.id, ok=False, error="crashed",
+                    content=f"Error: the tool returned {type(result).__name__} instead of a result.",
+                )  # fmt: skip
+            span.set_arg(names.ARG_OK, bool(result.ok))
+            if not result.ok:
+                span.set_arg(names.ARG_ERROR, str(result.error or "error"))
         if result.error == "timeout":
             counts["tool_timeouts"] += 1
         if len(result.content) > self.max_output_chars:

@@ -45,7 +45,9 @@ ARG_EPISODE_ID = "episode_id"  # on EPISODE
 ARG_STATUS = "status"  # on EPISODE: trajectory status (ok, timeout, env_error, ...)
 ARG_POLICY_VERSION = "policy_version"  # on TRAIN_STEP / WEIGHT_PUBLISH: version after the step
 ARG_STALENESS = "staleness"  # on TRAIN_STEP: max staleness of the consumed groups (fallback)
-ARG_ERROR = "error"  # set by the tracer when a span exits with an exception
+ARG_ERROR = "error"  # set by the tracer when a span exits with an exception; on TOOL_CALL: why
+#                     the call failed (timeout, crashed, unknown_tool, ...)
+ARG_OK = "ok"  # on TOOL_CALL: whether the call succeeded (ToolResult.ok)
 
 SPANS = (ROLLOUT, EPISODE, MODEL_CALL, ENV_RESET, ENV_STEP, TOOL_CALL, REWARD, TRAIN_STEP,
          WEIGHT_PUBLISH, TRAINER_WAIT, PRODUCER_BLOCKED, STALENESS_WAIT, PREFILL, DECODE_STEP,
