@@ -78,3 +78,14 @@ def test_written_file_parses_with_protos_and_reads_back(tmp_path):
     assert all(s.dur_ns == 2**40 and s.depth == 1 and s.args == args for s in steps)
     assert [v for _, v in data.counters[names.ENGINE_ACTIVE_SLOTS]] == [0.5, 1.5] * 50
     assert os.path.getsize(path) < 60 * len(events)  # small packets: interned names, no strings
+
+
+def test_cached_annotations_keep_equal_values_of_other_types_apart():
+    # The writer caches encoded (key, value) annotations; 1, True, 1.0 and "1" are equal or
+    # alike as dict keys but different annotations, and 0.0 == -0.0 encode differently.
+    values = [1, True, 1.0, "1", 0.0, -0.0, 0, False, 2**63, -1, 1, True, -0.0]
+    records = [(SPAN, 10 * i, 10 * i + 5, "episode/1", names.ENV_STEP, {"v": v}, (), ())
+               for i, v in enumerate(values)]
+    fast, ref = PacketEncoder(pid=7), PacketEncoder(pid=7)
+    for half in (records[:6], records[6:]):
+        assert fast.encode(list(half)) == ref.encode(list(half), reference=True)

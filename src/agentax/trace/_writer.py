@@ -106,12 +106,19 @@ def _as_text(value: Any) -> str:
 
 def _varint(value: int) -> bytes:
     """The base-128 varint of 0 <= value < 2**64."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_ONE_BYTE = [bytes([i]) for i in range(0x80)]
+_CACHED_ARG_TYPES = (str, int, bool)  # not float: 0.0 == -0.0, and they encode differently
+_MAX_ANNOTATIONS = 1 << 16  # cached annotation entries before the cache is reset
 
 
 def _annotation_bytes(name_iid: int, value: Any) -> bytes:
@@ -200,6 +207,7 @@ class PacketEncoder:
         self._lanes: dict[Any, list[_Lane]] = {}
         self._event_names: dict[str, int] = {}
         self._arg_names: dict[str, int] = {}
+        self._annotations: dict[tuple, bytes] = {}  # (key, type, value) -> encoded entry
         self._process_uuid = 0
         self._desc: pb.Trace | None = None
         self._interned: pb.InternedData | None = None
@@ -299,8 +307,7 @@ class PacketEncoder:
         same packet with the generated classes; the encoder tests check they agree): making a
         template for every episode (its args and flow ids are unique) must cost microseconds.
         """
-        body = b"".join([_annotation_bytes(self._arg_iid(k), v) for k, v in args.items()]) \
-            if args else b""
+        body = b"".join([self._annotation(k, v) for k, v in args.items()]) if args else b""
         body += b"\x48" + _varint(kind)  # TrackEvent.type
         if name is not None and kind != _COUNTER:
             body += b"\x50" + _varint(self._name_iid(name))  # TrackEvent.name_iid
@@ -318,6 +325,19 @@ class PacketEncoder:
         self._template_suffix.append(suffix)
         self._template_kinds.append(kind == _COUNTER)
         return len(self._template_specs) - 1
+
+    def _annotation(self, key: str, value: Any) -> bytes:
+        """`_annotation_bytes` of (key, value), cached: most arg values repeat (a status, a
+        group, a policy version) even where the args of a span as a whole never do."""
+        if value.__class__ not in _CACHED_ARG_TYPES:
+            return _annotation_bytes(self._arg_iid(key), value)
+        cache_key = (key, value.__class__, value)
+        data = self._annotations.get(cache_key)
+        if data is None:
+            if len(self._annotations) >= _MAX_ANNOTATIONS:
+                self._annotations.clear()
+            data = self._annotations[cache_key] = _annotation_bytes(self._arg_iid(key), value)
+        return data
 
     def _proto_packet(self, tid: int, ts: int, uuid: int, value: float) -> pb.TracePacket:
         """The packet of template `tid` built with the generated classes (reference path)."""
