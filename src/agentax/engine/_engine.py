@@ -91,7 +91,9 @@ class Engine:
         weights, treedef = jax.tree.flatten(state)
         self._graphdef, self._treedef = graphdef, treedef
         self._model_def = (graphdef, treedef)
-        self._weights = weights
+        # Committed to their devices: jit keys its cache on committedness, so weights from a
+        # trainer (always committed) would otherwise recompile every kernel on first use.
+        self._weights = [jax.device_put(w, w.sharding) for w in weights]
         self._version = int(policy_version)
         self._pending_weights: tuple[list, int] | None = None
         self._weights_lock = threading.Lock()
@@ -247,6 +249,9 @@ class Engine:
         for new, old in zip(leaves, self._weights):
             if new.shape != old.shape:
                 raise ValueError(f"update_weights: shape {new.shape} != engine's {old.shape}")
+        # Onto the engine's own placement (a no-op when already there), so the compiled
+        # kernels are reused whatever device or committedness the new arrays had.
+        leaves = [jax.device_put(new, old.sharding) for new, old in zip(leaves, self._weights)]
         with self._weights_lock:
             self._pending_weights = (list(leaves), int(version))
         self._wake.set()
