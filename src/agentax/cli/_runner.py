@@ -190,28 +190,36 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
         found = latest_checkpoint(run_dir) if resume else None
         state = read_state(run_dir) if found else {}
         summary: dict[str, Any] = {"run_dir": str(run_dir), "task": suite.name}
-        if found is None and cfg.sft.steps:
-            sft, last = warm_start(cfg, model, tokenizer, suite, rep)
-            model = sft.export_model()
-            summary["sft"] = last
-            rep.say(f"sft: {cfg.sft.steps} steps in {rep.timings['sft_s']:.1f} s, "
-                    f"loss {last.get('sft/loss', float('nan')):.3f}")
-        trainer = RLTrainer(model, cfg.trainer)
-        if found is not None:
-            ckpt, kind = found
-            if kind != "rl":
-                raise ValueError(f"{run_dir} holds an SFT checkpoint; start RL from it with "
-                                 f"init.from_run={run_dir} in a new run")
-            trainer.restore_checkpoint(ckpt)
-            model = trainer.export_model()
-            rep.say(f"resumed from step {trainer.step_count}")
-        start_step = trainer.step_count
-        engine = build_engine(cfg, model, tokenizer, version=start_step)
+        engine = None
         try:
+            if found is None and cfg.sft.steps:
+                # The engine's kernels depend on shapes, not weights: build it now and let its
+                # step thread compile every shape while SFT trains, then hand it the weights.
+                engine = build_engine(replace(cfg, engine=replace(cfg.engine, precompile=True)),
+                                      model, tokenizer)
+                sft, last = warm_start(cfg, model, tokenizer, suite, rep)
+                model = sft.export_model()
+                engine.update_weights(model, 0)
+                summary["sft"] = last
+                rep.say(f"sft: {cfg.sft.steps} steps in {rep.timings['sft_s']:.1f} s, "
+                        f"loss {last.get('sft/loss', float('nan')):.3f}")
+            trainer = RLTrainer(model, cfg.trainer)
+            if found is not None:
+                ckpt, kind = found
+                if kind != "rl":
+                    raise ValueError(f"{run_dir} holds an SFT checkpoint; start RL from it with "
+                                     f"init.from_run={run_dir} in a new run")
+                trainer.restore_checkpoint(ckpt)
+                model = trainer.export_model()
+                rep.say(f"resumed from step {trainer.step_count}")
+            start_step = trainer.step_count
+            if engine is None:
+                engine = build_engine(cfg, model, tokenizer, version=start_step)
             summary.update(_rl(cfg, rep, trainer, engine, tokenizer, suite, start_step,
                                int(state.get("next_group", 0))))
         finally:
-            engine.shutdown()
+            if engine is not None:
+                engine.shutdown()
         summary["wall_s"] = rep.elapsed()
         summary["timings"] = rep.timings
     finally:
