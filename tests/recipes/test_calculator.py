@@ -60,7 +60,7 @@ def test_demonstrator_is_sloppy_in_the_documented_way():
         else:
             direct += 1
             right_direct += conv[1].content == task.answer
-    assert 0.6 < np.mean(by_op["*"]) < 0.8 and 0.1 < np.mean(by_op["+"]) < 0.3
+    assert 0.9 < np.mean(by_op["*"]) < 1.0 and 0.2 < np.mean(by_op["+"]) < 0.4
     n_tool = sum(sum(v) for v in by_op.values())
     assert 0.02 < miscopied / n_tool < 0.09
     assert 0.2 < right_direct / direct < 0.4

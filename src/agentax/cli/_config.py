@@ -64,7 +64,7 @@ class RunSection:
     """Run directory name under runs_dir; empty = a timestamp (e.g. 20250101-120000-train)."""
     runs_dir: str = "runs"
     """Parent folder of run directories."""
-    steps: int = 32
+    steps: int = 40
     """RL optimizer steps (the total, counted across resumes)."""
     checkpoint_every: int = 0
     """Save a trainer checkpoint every k RL steps; 0 = only at the end."""
@@ -219,7 +219,8 @@ DEMO_MODEL = ModelConfig.tiny(
 
 
 def _demo_engine() -> EngineConfig:
-    return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=64, min_prefill_bucket=16,
+    # One chunk shape (prompts and continuations are ~20-30 tokens): fewer kernels to compile.
+    return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=32, min_prefill_bucket=32,
                         decode_steps_per_call=8)
 
 
@@ -233,7 +234,9 @@ def _demo_collector() -> CollectorConfig:
 
 
 def _demo_trainer() -> TrainerConfig:
-    return TrainerConfig(learning_rate=1e-3, micro_batch_size=32, max_seq_len=160,
+    # 1e-3 with Adam (whose steps do not shrink with the tiny RL gradients) unlearned the SFT
+    # model's copying of the tool result within a few steps; 2e-4 improves it steadily.
+    return TrainerConfig(learning_rate=2e-4, micro_batch_size=32, max_seq_len=160,
                          min_seq_bucket=160, seq_bucket_multiple=32, off_policy="tis",
                          is_cap=2.0)
 
@@ -268,7 +271,8 @@ class RunConfig:
     """Optimizer, batch shapes and the RL algorithm (agentax.train.TrainerConfig)."""
     pipeline: PipelineConfig = dataclasses.field(default_factory=_demo_pipeline)
     """Sync/async mode, staleness, group size (agentax.pipeline.PipelineConfig)."""
-    sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(steps=300, num_demos=14400))
+    sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(
+        steps=170, batch_size=48, learning_rate=3e-3, warmup_steps=10, num_demos=8160))
     """Supervised warm start."""
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     """Held-out evaluation."""
