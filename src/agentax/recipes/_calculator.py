@@ -10,9 +10,9 @@ model learns it on two CPU cores in a minute or two.
 The warm-start demonstrations are deliberately imperfect, like a sloppy human demonstrator:
 for addition and subtraction it mostly trusts its mental arithmetic (answers without the tool,
 and is often wrong), for multiplication it mostly uses the calculator, and it sometimes miscopies
-the calculator's result. The warm-started policy is therefore mediocre: sampled, it gets about
-a third of the questions right (greedy decoding hides part of its sloppiness); RL learns that
-calling the calculator and copying its result pays.
+the calculator's result. The warm-started policy is therefore mediocre: sampled, it gets a
+little under half of the questions right (greedy decoding hides part of its sloppiness); RL
+learns that calling the calculator and copying its result pays.
 
 The mix is a trade-off the demo's budget forces: copying the tool's result (an induction-head
 skill for the tiny model) only emerges after roughly 100 SFT updates with enough tool-using
