@@ -12,7 +12,8 @@ from agentax.trace._metrics import ConsoleView, MetricsLogger, read_metrics
 from agentax.trace._reader import InstantRecord, SpanRecord, TraceData, iter_packets, read_trace
 from agentax.trace._synthetic import SCENARIOS, SyntheticRun, run_workload, simulate_run
 from agentax.trace._tracer import Span, ThreadTrack, Tracer, get_tracer, set_enabled, traced
-from agentax.trace._writer import PacketEncoder, PerfettoWriter
+from agentax.trace._output import PerfettoWriter
+from agentax.trace._writer import PacketEncoder
 
 __all__ = [
     "CONFIG_FILENAME", "METRICS_FILENAME", "SCENARIOS", "TIMELINE_FILENAME", "TRACE_FILENAME",

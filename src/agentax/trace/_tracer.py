@@ -1,7 +1,8 @@
 """The process-wide tracer: spans, instants, counters and flows appended to a bounded buffer.
 
 Recording is one `deque.append` of a small tuple (atomic under the GIL, no lock, no I/O); a
-background `PerfettoWriter` drains the buffer and appends Perfetto packets to the trace file.
+background `PerfettoWriter` drains the buffer and has the events encoded as Perfetto packets and
+appended to the trace file (by a child process, or in a thread of this one).
 Without a writer the buffer is a flight recorder: it keeps the newest `capacity` events.
 
 The current track lives in a `ContextVar`, so a span opened on `episode/17` inside a coroutine
@@ -282,7 +283,7 @@ class Tracer:
 
     # -- output ---------------------------------------------------------------------------
     def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
-              process_name: str = "agentax") -> str:
+              process_name: str = "agentax", writer: str = "process") -> str:
         """Write this tracer's events to a Perfetto trace file from now on.
 
         Args:
@@ -290,10 +291,14 @@ class Tracer:
           flush_interval_s: how often the background writer looks at the buffer (it writes
             when 4096 events wait or 2 s passed; `flush()` writes at once).
           process_name: the process track's name in the Perfetto UI.
+          writer: "process" (default) encodes in a low-priority child process, so the traced
+            process only hands it the raw events; "thread" encodes in a background thread of
+            this process (more CPU here, no child). Both write the same bytes; "process" falls
+            back to "thread", with a logged warning, if the child cannot start or dies.
         Returns:
           The trace file path.
         """
-        from agentax.trace._writer import PerfettoWriter
+        from agentax.trace._output import PerfettoWriter
 
         if self._writer is not None:
             raise RuntimeError(f"tracer already writes to {self._writer.path}; call close() first")
@@ -302,7 +307,7 @@ class Tracer:
             os.makedirs(path, exist_ok=True)
             path = os.path.join(path, TRACE_FILENAME)
         self._writer = PerfettoWriter(self, path, flush_interval_s=flush_interval_s,
-                                      process_name=process_name)
+                                      process_name=process_name, writer=writer)
         self._writer.start()
         return path
 
@@ -335,11 +340,13 @@ class Tracer:
         return out
 
     def stats(self) -> dict[str, int]:
-        """Counts: events dropped (buffer full), buffered, written, bytes written."""
+        """Counts: events dropped (buffer full), buffered, written, bytes written, and the
+        CPU time (ns) the encoder process has used (0 when encoding in this process)."""
         writer = self._writer or self._last_writer
         return {"dropped": self._dropped, "buffered": len(self._events),
                 "written": writer.events_written if writer else 0,
-                "bytes": writer.bytes_written if writer else 0}
+                "bytes": writer.bytes_written if writer else 0,
+                "encoder_cpu_ns": writer.encoder_cpu_ns if writer else 0}
 
 
 class _TrackScope:

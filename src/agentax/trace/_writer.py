@@ -1,4 +1,6 @@
-"""Background writer: drains the tracer's buffer and appends Perfetto packets to a file.
+"""Perfetto encoder: turns the tracer's buffered events into `Trace` bytes to append to a file.
+
+The background writer (`agentax.trace._output`) runs it in a child process or a thread.
 
 Each drain encodes only the new events (a `Trace` message of new `TracePacket`s; concatenated
 `Trace` messages form one valid trace), so the cost of writing does not grow with run length.
@@ -16,9 +18,6 @@ import bisect
 import json
 import os
 import struct
-import sys
-import threading
-import time
 from operator import itemgetter
 from typing import Any
 
@@ -197,10 +196,13 @@ class PacketEncoder:
     classes instead (tests check both give equal bytes).
     """
 
-    def __init__(self, *, pid: int | None = None, process_name: str = "agentax") -> None:
+    def __init__(self, *, pid: int | None = None, process_name: str = "agentax",
+                 uuid_space: int = 0) -> None:
         self.pid = os.getpid() if pid is None else pid
         self.process_name = process_name
-        self._next_uuid = _UUID_BASE | (self.pid & 0xFFFF) << 32 | 1
+        # `uuid_space` > 0 gives an encoder that continues a file another encoder began (the
+        # writer's fallback when its encoder process dies) track uuids of its own.
+        self._next_uuid = _UUID_BASE | (uuid_space & 0x3FFF) << 48 | (self.pid & 0xFFFF) << 32 | 1
         self._tracks: dict[Any, int] = {}  # (track, lane) -> uuid
         self._counter_uuids: dict[str, int] = {}  # counter name -> uuid
         self._groups: dict[str, int] = {}
@@ -546,77 +548,3 @@ def _args_key(args: dict | None) -> tuple:
     if not args:
         return ()
     return tuple(args.items()), tuple(map(type, args.values()))
-
-
-class PerfettoWriter:
-    """A daemon thread that drains a tracer and appends to `path`.
-
-    It wakes every `flush_interval_s`, but writes only when `min_batch` events are waiting or
-    `max_interval_s` passed since its last write: encoding costs a fixed part per batch, so few
-    large batches take the least CPU (and GIL) from the threads doing the real work;
-    `drain()` (`Tracer.flush`) writes everything at once. Batches are encoded in chunks of at
-    most `max_batch` events with a GIL handover between chunks.
-    """
-
-    def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
-                 process_name: str = "agentax", max_batch: int = 8192, min_batch: int = 4096,
-                 max_interval_s: float | None = None) -> None:
-        self.path = path
-        self.events_written = 0
-        self.bytes_written = 0
-        self._tracer = tracer
-        self._interval = flush_interval_s
-        self._max_interval = max(flush_interval_s, 2.0) if max_interval_s is None \
-            else max_interval_s
-        self._max_batch = max_batch
-        self._min_batch = min_batch
-        self._encoder = PacketEncoder(process_name=process_name)
-        self._file = open(path, "wb")
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="agentax-trace-writer",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(self._interval):
-            if (len(self._tracer._events) < self._min_batch
-                    and time.monotonic() - last < self._max_interval):
-                continue
-            try:
-                self.drain(yield_between=True)
-            except Exception as err:  # never kill the run for a trace; say so once
-                print(f"agentax.trace: writer failed, tracing to {self.path} stops: {err!r}",
-                      file=sys.stderr)
-                return
-            last = time.monotonic()
-
-    def drain(self, *, yield_between: bool = False) -> None:
-        """Encode and append everything buffered now."""
-        with self._lock:
-            if self._file.closed:
-                return
-            pending = len(self._tracer._events)
-            while pending > 0:
-                batch = self._tracer._pop_events(min(pending, self._max_batch))
-                if not batch:
-                    break
-                pending -= len(batch)
-                data = self._encoder.encode(batch)
-                self._file.write(data)
-                self.events_written += len(batch)
-                self.bytes_written += len(data)
-                if yield_between and pending > 0:
-                    time.sleep(0)  # hand the GIL to the threads doing the real work
-            self._file.flush()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        self.drain()
-        with self._lock:
-            self._file.close()
