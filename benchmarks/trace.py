@@ -8,15 +8,17 @@ overhead: in a real run the same spans wrap milliseconds of model/env time.
 
 Figures (medians over runs that alternate off/on in one process):
   tracing_overhead        (time with tracing + background writer) / (time with tracing off) - 1
-  tracing_overhead_cpu    the same ratio of process CPU time (all threads: the writer's too)
+  tracing_overhead_cpu    the same ratio of CPU time (all threads, and the encoder process)
   tracing_overhead_pipeline  the same wall-time ratio for a real tiny Pipeline run (tiny byte
                           model, real engine/trainer/collector, as in tests/pipeline), compile
                           excluded; `--no-pipeline` skips it
   trace_bytes_per_episode bytes of Perfetto trace per episode
+  writer_us_per_episode   writer CPU per episode of a long run: the flushing thread's and the
+                          encoder process's (its start-up excluded: writer_startup_cpu_s)
   writer_cost_growth      writer time for the last 10% of a long run / for the first 10%
                           (1.0 = incremental: writing does not get slower as the file grows)
 
-Usage: python benchmarks/trace.py [--quick]
+Usage: python benchmarks/trace.py [--quick] [--no-pipeline] [--writer process|thread]
 """
 
 from __future__ import annotations
@@ -26,12 +28,22 @@ import asyncio
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
 
 from agentax.trace import Tracer, names
 from agentax.trace._synthetic import SyntheticRun, run_workload, virtual_time_loop
+
+WRITER = "process"  # Tracer.start(writer=...); --writer
+
+
+def _cpu_s() -> float:
+    """CPU time of this process and of its finished children (the trace encoder process is
+    reaped by `Tracer.close`, so its CPU counts in the run that started it)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _run_once(cfg: SyntheticRun, enabled: bool, out_dir: str,
@@ -41,14 +53,14 @@ def _run_once(cfg: SyntheticRun, enabled: bool, out_dir: str,
         tracer = Tracer(clock=lambda: int(clock[0] * 1e9), enabled=enabled)
     else:
         loop, tracer = asyncio.new_event_loop(), Tracer(enabled=enabled)
-    path = tracer.start(out_dir) if enabled else None
-    start, cpu = time.perf_counter(), time.process_time()
+    path = tracer.start(out_dir, writer=WRITER) if enabled else None
+    start, cpu = time.perf_counter(), _cpu_s()
     try:
         loop.run_until_complete(run_workload(cfg, tracer))
         tracer.close()
     finally:
         loop.close()
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
     return elapsed, os.path.getsize(path) if path else 0, cpu
 
 
@@ -111,7 +123,11 @@ def writer_growth(episodes: int, chunks: int = 20) -> dict:
     tracer = Tracer(clock=lambda: now[0], capacity=1 << 22)
     costs = []
     with tempfile.TemporaryDirectory() as tmp:
-        tracer.start(tmp, flush_interval_s=3600)
+        tracer.start(tmp, flush_interval_s=3600, writer=WRITER)
+        with tracer.span(names.EPISODE):  # start the encoder process (imports) before timing
+            now[0] += 1
+        tracer.flush()
+        startup_ns = encoder_ns = tracer.stats()["encoder_cpu_ns"]
         per_chunk = episodes // chunks
         flow_ids = []
         for chunk in range(chunks):
@@ -134,15 +150,18 @@ def writer_growth(episodes: int, chunks: int = 20) -> dict:
                                      flow_in=flow_ids):
                         now[0] += 500_000
                     flow_ids = []
-            start = time.thread_time()  # CPU time of this thread: robust to busy machines
+            start = time.thread_time()  # CPU time, not wall: robust to busy machines
             tracer.flush()
-            costs.append(time.thread_time() - start)
+            thread_s, total_ns = time.thread_time() - start, tracer.stats()["encoder_cpu_ns"]
+            costs.append(thread_s + (total_ns - encoder_ns) / 1e9)
+            encoder_ns = total_ns
         tracer.close()
     tenth = max(1, chunks // 10)
     first, last = sum(costs[:tenth]), sum(costs[-tenth:])
     return {"writer_cost_growth": round(last / first, 3),
             "writer_us_per_episode": round(1e6 * sum(costs) / (per_chunk * chunks), 2),
-            "writer_episodes": per_chunk * chunks}
+            "writer_episodes": per_chunk * chunks,
+            "writer_startup_cpu_s": round(startup_ns / 1e9, 3)}
 
 
 def pipeline_overhead(steps: int, repeats: int) -> dict:
@@ -194,7 +213,7 @@ def pipeline_overhead(steps: int, repeats: int) -> dict:
                 for enabled in ((False, True) if r % 2 == 0 else (True, False)):
                     set_enabled(enabled)
                     if enabled:
-                        tracer.start(os.path.join(tmp, f"run{r}"))
+                        tracer.start(os.path.join(tmp, f"run{r}"), writer=WRITER)
                     start = time.perf_counter()
                     Pipeline(collector, trainer, engine, tasks, config).run(steps)
                     if enabled:
@@ -218,7 +237,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small run (< 1 min on 2 cores)")
     parser.add_argument("--no-pipeline", action="store_true",
                         help="skip the real tiny pipeline variant (needs JAX, compiles)")
+    parser.add_argument("--writer", choices=("process", "thread"), default="process",
+                        help="where the trace is encoded (Tracer.start(writer=...))")
     args = parser.parse_args()
+    global WRITER
+    WRITER = args.writer
     steps, repeats, episodes = (30, 4, 2_000) if args.quick else (200, 9, 40_000)
     # Real time, a fast environment: 4 ms model calls and env steps, 10 ms train steps.
     real = SyntheticRun(train_steps=steps, max_concurrency=16, max_slots=16, max_staleness=2,
@@ -236,6 +259,7 @@ def main() -> None:
     if not args.no_pipeline:
         result.update(pipeline_overhead(steps=2 if args.quick else 4,
                                         repeats=4 if args.quick else 8))
+    result["writer"] = WRITER
     result["workload"] = ("synthetic asyncio RL pipeline (agentax.trace._synthetic), episodes of "
                           "3 turns (model call, env step, tool call every other turn) + reward, "
                           "engine counters, trainer with flows; real time "
