@@ -64,11 +64,21 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     (["env.task=math"], "JSONL", "env.train_file=PATH"),
     (["model.vocab_size=1000"], "byte tokenizer", "model.vocab_size=272"),
     (["collector.max_turns=2"], "collector would cut", "collector.max_turns=3"),
+    (["sft.schedule=linear"], "sft.schedule must be 'cosine' or 'constant'", ""),
 ])
 def test_invalid_combinations_give_reason_and_fix(overrides, reason, fix):
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)
     assert reason in str(err.value) and fix in str(err.value)
+
+
+def test_sft_schedule_reaches_the_trainer():
+    from agentax.cli._runner import sft_trainer_config
+
+    demo = sft_trainer_config(load_config(None, []))
+    assert demo.decay_steps == 0 and demo.warmup_steps == 10  # the demo: constant after warmup
+    cosine = sft_trainer_config(load_config(None, ["sft.schedule=cosine", "sft.steps=100"]))
+    assert cosine.decay_steps == 90
 
 
 def test_fixing_one_field_in_the_same_override_set_is_accepted():

@@ -155,9 +155,12 @@ class SFTConfig:
     batch_size: int = 48
     """Demonstrations per step."""
     learning_rate: float = 1e-2
-    """Peak learning rate (linear warmup, cosine decay over `steps`)."""
+    """Peak learning rate (linear warmup, then the `schedule`)."""
     warmup_steps: int = 20
     """Linear warmup steps."""
+    schedule: str = "cosine"
+    """After warmup: 'cosine' (decay over the remaining steps to trainer.min_lr_ratio of the
+    peak) or 'constant'."""
     micro_batch_size: int = 16
     """Rows per micro-batch."""
     pack: bool = True
@@ -174,6 +177,8 @@ class SFTConfig:
             raise ConfigError("sft.steps must be >= 0 and sft.batch_size, sft.micro_batch_size >= 1")
         if self.learning_rate <= 0:
             raise ConfigError(f"sft.learning_rate must be > 0, got {self.learning_rate}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ConfigError(f"sft.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
 
 
 @_frozen
@@ -272,7 +277,8 @@ class RunConfig:
     pipeline: PipelineConfig = dataclasses.field(default_factory=_demo_pipeline)
     """Sync/async mode, staleness, group size (agentax.pipeline.PipelineConfig)."""
     sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(
-        steps=170, batch_size=48, learning_rate=3e-3, warmup_steps=10, num_demos=8160))
+        steps=170, batch_size=48, learning_rate=3e-3, warmup_steps=10, schedule="constant",
+        num_demos=8160))
     """Supervised warm start."""
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     """Held-out evaluation."""

@@ -86,7 +86,8 @@ def demonstrations(cfg: RunConfig, suite: TaskSuite) -> list:
 def sft_trainer_config(cfg: RunConfig):
     s = cfg.sft
     return replace(cfg.trainer, learning_rate=s.learning_rate, warmup_steps=s.warmup_steps,
-                   decay_steps=max(s.steps - s.warmup_steps, 0), micro_batch_size=s.micro_batch_size,
+                   decay_steps=max(s.steps - s.warmup_steps, 0) if s.schedule == "cosine" else 0,
+                   micro_batch_size=s.micro_batch_size,
                    pack=s.pack, pack_length=max(s.pack_length, cfg.trainer.min_seq_bucket),
                    agg_mode="token-mean", policy_loss="ppo", off_policy="none")
 
