@@ -101,20 +101,12 @@ def test_dead_encoder_process_falls_back_without_losing_events(tmp_path, caplog)
     assert tracer.stats()["written"] == 250
 
 
-def test_encoder_process_that_cannot_start_falls_back(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
-    tracer = Tracer()
-    with caplog.at_level(logging.WARNING, logger="agentax.trace"):
-        path = tracer.start(tmp_path, flush_interval_s=60)
-    assert "cannot start the trace encoder process" in caplog.text
-    assert tracer._writer.writer == "thread"
-    _spans(tracer, "x", 20)
-    tracer.close()
-    assert len(read_trace(path).spans_named("x")) == 20
-
-
-def test_encoder_process_that_dies_at_startup_falls_back(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(output, "_SRC_ROOT", str(tmp_path / "no-such-src"))  # child's import fails
+@pytest.mark.parametrize("broken", ["no python executable", "child import fails"])
+def test_encoder_process_that_cannot_start_falls_back(tmp_path, caplog, monkeypatch, broken):
+    if broken == "no python executable":
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    else:  # the child starts, but its import of the encoder fails
+        monkeypatch.setattr(output, "_SRC_ROOT", str(tmp_path / "no-such-src"))
     tracer = Tracer()
     with caplog.at_level(logging.WARNING, logger="agentax.trace"):
         path = tracer.start(tmp_path, flush_interval_s=60)

@@ -149,6 +149,18 @@ def test_on_change_counters_skip_repeats_and_same_ns_samples_keep_their_order(tm
     assert [v for _, v in trace.counters[names.ENGINE_ACTIVE_SLOTS]] == [1.0, 0.0]
 
 
+def test_on_change_counter_starts_each_new_trace_file_with_a_sample(tmp_path):
+    tracer = Tracer()
+    tracer.start(tmp_path / "first")
+    tracer.counter(names.ENGINE_WAITING, 3, on_change=True)
+    tracer.close()
+    tracer.start(tmp_path / "second")
+    tracer.counter(names.ENGINE_WAITING, 3, on_change=True)  # same value, but a new file
+    tracer.close()
+    second = read_trace(_trace_path(tmp_path / "second"))
+    assert [v for _, v in second.counters[names.ENGINE_WAITING]] == [3.0]
+
+
 def test_traced_decorator_sync_and_async_and_disabled_switch():
     tracer = Tracer()
 

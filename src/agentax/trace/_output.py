@@ -199,7 +199,6 @@ class ProcessSink:
             frame, _ = self._unacked.popleft()
             self._fallback.write(proto.from_plain(marshal.loads(frame[proto.FRAME.size:])))
 
-
     def _end_process(self) -> None:
         if self._proc.poll() is None:
             self._proc.kill()

@@ -306,6 +306,7 @@ class Tracer:
         if os.path.isdir(path) or not os.path.splitext(path)[1]:
             os.makedirs(path, exist_ok=True)
             path = os.path.join(path, TRACE_FILENAME)
+        self._last_values.clear()  # a new file starts every on_change counter with a sample
         self._writer = PerfettoWriter(self, path, flush_interval_s=flush_interval_s,
                                       process_name=process_name, writer=writer)
         self._writer.start()
