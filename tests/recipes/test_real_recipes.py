@@ -8,7 +8,7 @@ import pytest
 
 from agentax.cli import load_config, main
 from agentax.cli._build import resolve_config
-from agentax.recipes import RECIPES, load_math_jsonl, recipe_path
+from agentax.recipes import RECIPES, load_tasks, recipe_path
 
 REAL = {"gsm8k_qwen2_5_0_5b": "qwen2", "math_tool_qwen3_0_6b": "qwen3",
         "gsm8k_llama3_2_1b": "llama"}
@@ -17,7 +17,7 @@ REAL = {"gsm8k_qwen2_5_0_5b": "qwen2", "math_tool_qwen3_0_6b": "qwen3",
 def _shrink(ckpt, data):
     return [
         f"init.model_path={ckpt}", "init.dtype=float32", "trainer.compute_dtype=null",
-        f"env.train_file={data}", "env.eval_file=null", "env.num_eval_tasks=2",
+        f"tasks.train_file={data}", "tasks.eval_file=null", "tasks.num_eval=2",
         "engine.max_slots=4", "engine.max_seq_len=1100", "engine.prefill_chunk=512",
         "engine.min_prefill_bucket=512", "eval.max_concurrency=4", "eval.every=0",
         "pipeline.max_concurrency=4", "pipeline.group_size=2", "pipeline.groups_per_step=1",
@@ -41,7 +41,7 @@ def test_calculator_recipe_is_the_embedded_default():
 
 
 def test_gsm8k_jsonl_answers(math_jsonl):
-    tasks = load_math_jsonl(math_jsonl)
+    tasks = load_tasks(math_jsonl)
     assert [t.answer for t in tasks][:2] == ["7", "15"]
 
 

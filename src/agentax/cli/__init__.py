@@ -2,7 +2,7 @@
 
 * `main(argv)` — `agentax train | sft | eval | doctor | export | config`.
 * `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
-  `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own configs),
+  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own configs),
   `load_config(path, overrides)`, `parse_overrides`, `dump_config`, `validate`.
 * `config_reference()` — the Markdown of docs/config.md, generated from the dataclasses.
 """
@@ -15,6 +15,7 @@ from agentax.cli._config import (
     RunConfig,
     RunSection,
     SFTConfig,
+    TasksConfig,
     TracingConfig,
     apply_overrides,
     dump_config,
@@ -33,6 +34,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "SFTConfig",
+    "TasksConfig",
     "TracingConfig",
     "apply_overrides",
     "build_parser",

@@ -104,6 +104,8 @@ class Pipeline:
       tasks: a sequence of `Task`s (group i uses tasks[i % len]) or a callable i -> Task.
       config: the pipeline knobs.
       on_step: called with each `StepRecord` (progress display, metrics, checkpoints).
+      on_episode: called with every finished `Trajectory`, as it finishes, whatever becomes of
+        its group (trained, filtered, failed); e.g. to aggregate per-episode metrics.
       publish: how weights reach the engine, `publish(trainer, engine, version)`; default
         `engine.update_weights(trainer.params_for_engine(), version)` (a pointer swap when
         colocated; pass a resharding publisher for disaggregated placement).
@@ -118,6 +120,7 @@ class Pipeline:
         config: PipelineConfig = PipelineConfig(),
         *,
         on_step: Callable[[StepRecord], None] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
         publish: Callable[[Any, Any, int], None] | None = None,
         start_version: int = 0,
         start_group: int = 0,
@@ -130,6 +133,7 @@ class Pipeline:
         self.tasks = tasks
         self.config = config
         self.on_step = on_step
+        self.on_episode = on_episode
         self.publish_fn = publish or _publish_colocated
         self.tracer = get_tracer()
         self.accounting = Accounting()
@@ -192,10 +196,13 @@ class Pipeline:
         async def one(sample: int) -> Trajectory:
             async with episodes:
                 self.accounting.started += 1
-                return await self.collector.run_episode(
+                traj = await self.collector.run_episode(
                     task, seed=episode_seed(self.config.seed, index, sample),
                     group_id=group_id, sample_index=sample,
                 )
+            if self.on_episode is not None:
+                self.on_episode(traj)
+            return traj
 
         with self.tracer.span(names.ROLLOUT, track=names.COLLECTOR_TRACK, args={"group": group_id}):
             trajs = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))

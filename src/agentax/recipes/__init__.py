@@ -1,10 +1,11 @@
-"""agentax.recipes: the built-in calculator task, task suites, and YAML run recipes.
+"""agentax.recipes: shipped YAML run recipes and the parts they name by import path.
 
-* `calculator_tasks`, `calculator_demos`, `calculator_reward`, `compact_calculator`: the
-  embedded CPU demo's multi-turn calculator-tool task and its sloppy warm-start demonstrator.
-* `build_suite(name, ...) -> TaskSuite`: tasks + environment/agent factories for 'calculator',
-  'math' (GSM8K-style, math_verify) and 'math_tool' (the same with the calculator tool).
-* `RECIPES` / `recipe_path(name)`: YAML run configs shipped with agentax (see docs/quickstart.md).
+* `RECIPES` / `recipe_path(name)`: the YAML run configs shipped with agentax
+  (`agentax train NAME`; see docs/recipes.md).
+* `agentax.recipes.calculator`: the embedded CPU demo's environment, agent, tasks and sloppy
+  demonstrator; `agentax.recipes.math`: math with the calculator tool.
+* `load_tasks(path)` (JSONL / Parquet tasks), `load_demos_jsonl(path)` (chat demonstrations),
+  `PromptToolAgent`, and the calculator helpers (`calculator_tasks`, `calculator_demos`, ...).
 """
 
 from pathlib import Path
@@ -16,16 +17,8 @@ from agentax.recipes._calculator import (
     calculator_reward,
     calculator_tasks,
     compact_calculator,
-    used_tool,
 )
-from agentax.recipes._suite import (
-    SUITES,
-    PromptToolAgent,
-    TaskSuite,
-    build_suite,
-    load_demos_jsonl,
-    load_math_jsonl,
-)
+from agentax.recipes._tasks import PromptToolAgent, load_demos_jsonl, load_tasks
 
 RECIPE_DIR = Path(__file__).parent / "configs"
 """Folder of the shipped YAML recipes."""
@@ -52,15 +45,11 @@ __all__ = [
     "PromptToolAgent",
     "RECIPES",
     "RECIPE_DIR",
-    "SUITES",
-    "TaskSuite",
-    "build_suite",
     "calculator_demos",
     "calculator_reward",
     "calculator_tasks",
     "compact_calculator",
     "load_demos_jsonl",
-    "load_math_jsonl",
+    "load_tasks",
     "recipe_path",
-    "used_tool",
 ]
