@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["plot_curves"]
 
-_SKIP = ("phase", "step", "policy_version", "episodes", "wall_s", "success_trained",
+_SKIP = ("phase", "step", "policy_version", "episodes", "wall_s", "success_trained", "reward",
          "reward_trained", "staleness", "staleness_mean", "traj_per_s", "train_s",
          "trainer_wait_s", "loss", "entropy", "kl", "grad_norm", "skipped", "turns",
          "parse_errors")
