@@ -90,3 +90,18 @@ def test_packages_import_each_other_through_public_names():
                         (rel.as_posix(), module) not in PRIVATE_IMPORTS_ALLOWED:
                     bad.append(f"{rel.as_posix()} imports {module}")
     assert bad == [], "import the public name from the package instead (see docs/design.md)"
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    import re
+
+    outside = re.compile("DESIGN" r"\.md|\.\./shared|CONVENTIONS" r"\.md")  # split: not a hit itself
+    texts = [p for d in ("src", "tests", "docs", "examples", "benchmarks", "scripts", ".ci")
+             for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".sh", "")]
+    bad = [str(p.relative_to(ROOT)) for p in texts + [ROOT / "README.md"]
+           if outside.search(p.read_text(errors="ignore"))]
+    assert bad == [], "cite docs/design.md (or another file in the repository) instead"
+    links = [(p, m) for p in (ROOT / "docs").glob("*.md")
+             for m in re.findall(r"\]\(([\w./-]+\.md)\)", p.read_text())]
+    broken = [f"{p.name} -> {m}" for p, m in links if not (p.parent / m).exists()]
+    assert broken == []
