@@ -172,7 +172,7 @@ def probe(python: str, ro_paths: Sequence[str], sandbox_uid: int | None, scratch
             reason = f"starting bubblewrap failed: {e}"
         else:
             if "agentax-sandbox-ok" not in r.stdout or "root-writable" in r.stdout:
-                err = (r.stderr or r.stdout).strip()[-500:]
+                err = " ".join((r.stderr or r.stdout).split())[-300:]  # one line
                 reason = (f"bubblewrap could not create the sandbox (exit {r.returncode}): {err}. "
                           "User namespaces may be disabled (sysctl kernel.unprivileged_userns_clone"
                           " / user.max_user_namespaces) or the container forbids mounts.")
