@@ -13,6 +13,7 @@ import pytest
 
 from agentax.envs import CodeEnvironment
 from agentax.tools import Sandbox, SandboxConfig, SandboxUnavailableError, check_sandbox_available
+from agentax.tools._sandbox_tools import format_sandbox_result
 from agentax.tools import _isolation, _quota, _sandbox
 
 try:
@@ -144,3 +145,16 @@ def test_code_environment_without_bubblewrap_fails_once_at_construction(monkeypa
         CodeEnvironment(lambda task, answer: 1.0)
     message = str(info.value)
     assert "\n" not in message and "bubblewrap" in message
+
+
+@needs_sandbox
+@needs_group
+def test_files_written_count_towards_memory_and_the_kill_is_named():
+    with Sandbox(SandboxConfig(memory_mb=64, max_disk_mb=256, **FAST)) as sb:
+        if not sb.quotas["disk"]:
+            pytest.skip("no tmpfs mount here")
+        r = asyncio.run(sb.run_bash("head -c 100000000 /dev/zero > /workspace/big; echo survived"))
+        assert "survived" not in r.stdout and r.killed_reason == "memory_limit" and not r.ok, r
+        assert sb.workdir.joinpath("big").stat().st_size < 64 * 2**20
+        tool_result = format_sandbox_result(r, "bash")
+        assert tool_result.error == "memory_limit" and "memory limit" in tool_result.content
