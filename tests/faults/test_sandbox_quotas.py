@@ -8,6 +8,8 @@ the sandbox then warns once and keeps per-process rlimits, which `test_warns_onc
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -158,3 +160,22 @@ def test_files_written_count_towards_memory_and_the_kill_is_named():
         assert sb.workdir.joinpath("big").stat().st_size < 64 * 2**20
         tool_result = format_sandbox_result(r, "bash")
         assert tool_result.error == "memory_limit" and "memory limit" in tool_result.content
+
+
+@needs_sandbox
+def test_quotas_left_by_a_killed_process_are_swept(tmp_path):
+    code = ("import os\nfrom agentax.tools import Sandbox\nsb = Sandbox()\n"
+            "print(sb._root, sb.quotas['disk'], sb._quotas.cgroup and sb._quotas.cgroup.dirs[0], flush=True)\n"
+            "os._exit(0)  # like kill -9: no close, no finalizer\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    root, disk, group = out.stdout.split()
+    if disk != "True" and group == "None":
+        pytest.skip("no per-sandbox quotas on this host")
+    with open("/proc/self/mountinfo") as f:
+        assert (root in f.read()) == (disk == "True")
+    assert _quota.sweep_stale() >= 1
+    with open("/proc/self/mountinfo") as f:
+        assert root not in f.read()
+    assert not os.path.exists(root)
+    assert group == "None" or not os.path.exists(group)

@@ -16,6 +16,10 @@ files as it likes. Two host mechanisms bound the group:
 
 Both need privileges (root, or a delegated cgroup). `group_limits_reason()` / `disk_quota_reason()`
 say why one is unavailable; the sandbox then warns once and keeps its per-process rlimits.
+
+Names carry the pid of the agentax process that made them (`agentax-sandbox-<pid>-...`), so
+that `sweep_stale()` can unmount and delete what a killed process left behind (a tmpfs keeps
+its files in memory until it is unmounted).
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import time
 from collections.abc import Sequence
 
-__all__ = ["Cgroup", "create_cgroup", "group_limits_reason", "mount_tmpfs", "unmount", "disk_quota_reason"]
+__all__ = ["Cgroup", "PREFIX", "create_cgroup", "disk_quota_reason", "group_limits_reason", "mount_tmpfs",
+           "sweep_stale", "unmount"]
 
 log = logging.getLogger("agentax.sandbox")
 
 _V1_CONTROLLERS = ("memory", "pids")
+PREFIX = "agentax-sandbox-"
+"""Prefix of every sandbox directory and cgroup; followed by the owner's pid and a dash."""
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
@@ -165,7 +173,7 @@ class Cgroup:
 def create_cgroup(memory_mb: int, max_processes: int) -> Cgroup:
     """A new group with the limits; raises OSError when the host offers none."""
     version, parents = _parents()
-    name = "agentax-sandbox-" + secrets.token_hex(6)
+    name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
     group = Cgroup(version, [])
     try:
         for p in parents:
@@ -214,7 +222,7 @@ _MS_NOSUID, _MS_NODEV = 2, 4
 def mount_tmpfs(path: str, size_mb: int) -> None:
     """Mounts a tmpfs of `size_mb` MiB on `path`; raises OSError (needs CAP_SYS_ADMIN)."""
     opts = f"size={size_mb * 2**20},mode=0700".encode()
-    if _libc.mount(b"agentax-sandbox", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+    if _libc.mount(PREFIX.rstrip("-").encode(), os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mounting a tmpfs on {path}: {os.strerror(err)}")
 
@@ -235,3 +243,59 @@ def disk_quota_reason(scratch: str) -> str | None:
         except OSError as e:
             _REASONS["tmpfs"] = str(e)
     return _REASONS["tmpfs"]
+
+
+def _owner_dead(name: str) -> bool:
+    """True when `name` is PREFIX<pid>-... and no process <pid> exists."""
+    if not name.startswith(PREFIX):
+        return False
+    pid = name[len(PREFIX):].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def sweep_stale() -> int:
+    """Unmounts / deletes the tmpfs quotas and cgroups of agentax processes that died without
+    closing their sandboxes (kill -9). Returns how many it removed; never raises."""
+    removed = 0
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.readlines()
+    except OSError:
+        return 0
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or len(rfields) < 2 or rfields[:2] != ["tmpfs", PREFIX.rstrip("-")]:
+            continue
+        point = fields[4].replace("\\040", " ")
+        root = os.path.dirname(point)
+        if _owner_dead(os.path.basename(root)):
+            try:
+                unmount(point)
+                shutil.rmtree(root, ignore_errors=True)
+                removed += 1
+            except OSError:
+                pass
+    try:
+        _, parents = _parents()
+    except OSError:
+        parents = []
+    for parent in parents:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            if _owner_dead(name):
+                group = Cgroup("", [os.path.join(parent, name)])
+                group.remove()
+                removed += not group.dirs
+    return removed

@@ -190,8 +190,13 @@ _WARNED: list[str] = []
 
 def _warn_once_without_quotas(scratch: str) -> tuple[bool, bool]:
     """(group limits available, disk quota available); logs once per process when not."""
+    first = "cgroup" not in _quota._REASONS
     group = _quota.group_limits_reason()
     disk = _quota.disk_quota_reason(scratch)
+    if first and (group is None or disk is None):
+        swept = _quota.sweep_stale()
+        if swept:
+            _quota.log.warning("agentax sandbox: removed %d quota(s) left by killed agentax processes", swept)
     if (group or disk) and not _WARNED:
         missing = []
         if group:
@@ -253,7 +258,7 @@ class Sandbox:
     ) -> None:
         self.config = config or SandboxConfig()
         self._uid = _pick_uid()
-        self._root = tempfile.mkdtemp(prefix="agentax-sandbox-")
+        self._root = tempfile.mkdtemp(prefix=f"{_quota.PREFIX}{os.getpid()}-")
         quotas = _Quotas(self._root)
         self._finalizer = weakref.finalize(self, quotas.release)
         self._quotas = quotas
