@@ -41,6 +41,7 @@ __all__ = ["Cgroup", "PREFIX", "create_cgroup", "disk_quota_reason", "group_limi
 log = logging.getLogger("agentax.sandbox")
 
 _V1_CONTROLLERS = ("memory", "pids")
+_MOUNTINFO, _OWN_CGROUP = "/proc/self/mountinfo", "/proc/self/cgroup"  # tests point these elsewhere
 PREFIX = "agentax-sandbox-"
 """Prefix of every sandbox directory and cgroup; followed by the owner's pid and a dash."""
 
@@ -48,7 +49,7 @@ PREFIX = "agentax-sandbox-"
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
     """(root, mount point, fs type, super options) of every cgroup mount."""
     out = []
-    with open("/proc/self/mountinfo") as f:
+    with open(_MOUNTINFO) as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fields, rfields = left.split(), right.split()
@@ -60,7 +61,7 @@ def _mounts() -> list[tuple[str, str, str, set[str]]]:
 def _own_paths() -> dict[str, str]:
     """{controller or "" (v2): path of this process's cgroup} from /proc/self/cgroup."""
     paths = {}
-    with open("/proc/self/cgroup") as f:
+    with open(_OWN_CGROUP) as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for c in controllers.split(",") if controllers else [""]:
