@@ -6,9 +6,10 @@ files as it likes. Two host mechanisms bound the group:
 
 * **A control group** per sandbox, under the cgroup agentax itself runs in, with the memory
   limit (swap included) and the process limit. cgroup v1 (the `memory` and `pids` hierarchies)
-  is used where the host mounts them, else cgroup v2 (where `memory` and `pids` can be enabled
-  for a child of agentax's cgroup: the root of a container's cgroup namespace, or a delegated
-  subtree). Every sandboxed command starts by moving itself into the group (`sh -c 'echo $$ >
+  is used where the host mounts them, else cgroup v2 where `memory` and `pids` are enabled for
+  the children of agentax's cgroup, or can be (the kernel refuses to enable them in a non-root
+  cgroup that holds processes, e.g. a container's own cgroup: agentax then warns and falls
+  back; start it in a delegated cgroup whose subtree_control offers both). Every sandboxed command starts by moving itself into the group (`sh -c 'echo $$ >
   .../cgroup.procs; exec ...'`), so all its descendants are in it before any untrusted code runs.
 * **A tmpfs of `max_disk_mb`** mounted on the sandbox's directory (the workdir and /tmp both live
   in it): writes stop with ENOSPC at the quota. Files are kept in memory, so what the sandbox
