@@ -2,6 +2,7 @@
 the wild (v1, v2 in a container, hybrid), on a fake cgroup tree in a temporary directory: the
 real kernel files are covered by tests/faults/test_sandbox_quotas.py on whatever this host has."""
 
+import errno
 import os
 
 import pytest
@@ -70,3 +71,24 @@ def test_no_cgroup_mount_is_refused(tmp_path, monkeypatch):
     fake_host(tmp_path, monkeypatch, [], [("", "/")])
     with pytest.raises(OSError, match="neither"):
         _quota.create_cgroup(100, 5)
+
+
+def test_v2_busy_own_cgroup_falls_back_to_a_sibling(tmp_path, monkeypatch):
+    parent = tmp_path / "cg2" / "user.slice"
+    own = parent / "session.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+    real_write = _quota._write
+
+    def write(path, value):
+        if path.endswith("cgroup.subtree_control"):  # what the kernel answers for a busy cgroup
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        real_write(path, value)
+
+    monkeypatch.setattr(_quota, "_write", write)
+    fake_host(tmp_path, monkeypatch, [("/", str(tmp_path / "cg2"), "cgroup2", "rw")],
+              [("", "/user.slice/session.scope")])
+    group = _quota.create_cgroup(64, 4)
+    (d,) = group.dirs
+    assert os.path.dirname(d) == str(parent) and read(os.path.join(d, "pids.max")) == "4"

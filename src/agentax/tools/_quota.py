@@ -6,10 +6,9 @@ files as it likes. Two host mechanisms bound the group:
 
 * **A control group** per sandbox, under the cgroup agentax itself runs in, with the memory
   limit (swap included) and the process limit. cgroup v1 (the `memory` and `pids` hierarchies)
-  is used where the host mounts them, else cgroup v2 where `memory` and `pids` are enabled for
-  the children of agentax's cgroup, or can be (the kernel refuses to enable them in a non-root
-  cgroup that holds processes, e.g. a container's own cgroup: agentax then warns and falls
-  back; start it in a delegated cgroup whose subtree_control offers both). Every sandboxed command starts by moving itself into the group (`sh -c 'echo $$ >
+  is used where the host mounts them, else cgroup v2: a child of agentax's cgroup when `memory`
+  and `pids` are (or can be) enabled there, else a sibling under its parent (the kernel refuses
+  to enable controllers in a non-root cgroup holding processes), if that is writable. Every sandboxed command starts by moving itself into the group (`sh -c 'echo $$ >
   .../cgroup.procs; exec ...'`), so all its descendants are in it before any untrusted code runs.
 * **A tmpfs of `max_disk_mb`** mounted on the sandbox's directory (the workdir and /tmp both live
   in it): writes stop with ENOSPC at the quota. Files are kept in memory, so what the sandbox
@@ -105,9 +104,18 @@ def _parents() -> tuple[str, list[str]]:
                     raise OSError(f"cgroup v2 at {d} does not offer the {missing} controller(s)")
                 with open(os.path.join(d, "cgroup.subtree_control")) as f:
                     enabled = set(f.read().split())
-                if not set(_V1_CONTROLLERS) <= enabled:
+                if set(_V1_CONTROLLERS) <= enabled:
+                    return "v2", [d]
+                try:
                     _write(os.path.join(d, "cgroup.subtree_control"), " ".join("+" + c for c in _V1_CONTROLLERS))
-                return "v2", [d]
+                    return "v2", [d]
+                except OSError as e:
+                    # A non-root cgroup holding processes cannot enable controllers for children
+                    # (EBUSY); its parent offers them to it, so a sibling group gets them.
+                    parent = os.path.dirname(d)
+                    if d == point or not os.access(parent, os.W_OK):
+                        raise OSError(f"cannot enable {list(_V1_CONTROLLERS)} under {d}: {e}") from e
+                    return "v2", [parent]
     raise OSError("the host mounts neither cgroup v1 memory+pids nor a cgroup v2 hierarchy")
 
 
