@@ -18,6 +18,11 @@ SIZE_ATTACKS = {
     "list_doubling": "{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
     "macro_doubling": "{% macro f(s, n) %}{% if n %}{{ f(s ~ s, n - 1) }}{% endif %}{% endmacro %}{{ f('a', 60) }}",
     "power": "{{ 2 ** 100000000 }}",
+    "format_filter_width": "{{ '%100000000d' | format(1) }}",
+    "percent_width": "{{ '%100000000d' % 1 }}",
+    "str_format_width": "{{ '{:>100000000}'.format(1) }}",
+    "center_filter": "{{ 'a' | center(100000000) }}",
+    "replace_filter": "{% set a = 'a' * 1000000 %}{{ a | replace('a', 'a' * 1000) }}",
     "output_flood": "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
 }
 
@@ -25,7 +30,7 @@ SIZE_ATTACKS = {
 @pytest.mark.parametrize("name", sorted(SIZE_ATTACKS))
 def test_size_attacks_stop_at_max_chars(name):
     template = ChatTemplate(SIZE_ATTACKS[name], max_chars=1_000_000, timeout_s=30.0)
-    with pytest.raises(TemplateLimitError, match="max_chars|power"):
+    with pytest.raises(TemplateLimitError, match="max_chars|power|indent"):
         template.render(MESSAGES)
 
 
@@ -48,3 +53,8 @@ def test_bounds_leave_normal_renders_and_the_thread_alone():
     threading.Timer(0.5, done.set).start()
     done.wait()  # time passes after the renders: no stray TemplateLimitError arrives here
     assert ChatTemplate("{{ 'ab' * 3 }}").render(MESSAGES) == "ababab"
+
+
+def test_large_numbers_as_plain_values_still_render():
+    src = "{{ '%d' | format(20250101) }} {{ '%s' % 123456789 }} {{ '{}'.format(98765432) }} {{ 12345678 | abs }}"
+    assert ChatTemplate(src, max_chars=1_000_000).render(MESSAGES) == "20250101 123456789 98765432 12345678"

@@ -23,6 +23,7 @@ import ctypes
 import dataclasses
 import functools
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -56,23 +57,48 @@ def _bounded(value: Any) -> Any:
     return value
 
 
-def _check_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """No argument may be a width/count beyond the bound (`ljust`, `center`, `indent`...)."""
+_WIDENING = frozenset({"center", "indent", "wordwrap", "ljust", "rjust", "zfill", "expandtabs"})
+"""Filters and str methods whose numeric arguments are output widths."""
+_FORMATTING = frozenset({"format", "format_map"})
+_NUMBER = re.compile(r"\d+")
+
+
+def _check_call(name: str | None, target: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Refuses a call that would build a value past the bound before it runs.
+
+    Args:
+      name: the filter or method name; target: the string it applies to (or None).
+    """
     limit = _MAX_CHARS.get()
-    for a in (*args, *kwargs.values()):
+    values = (*args, *kwargs.values())
+    for a in values:
         _bounded(a)
-        if isinstance(a, int | float) and not isinstance(a, bool) and abs(a) > limit:
-            raise TemplateLimitError(
-                f"chat template passed {a!r} as an argument, more than max_chars={limit}"
-            )
+    if name in _WIDENING:
+        for a in values:
+            if isinstance(a, int | float) and not isinstance(a, bool) and abs(a) > limit:
+                raise TemplateLimitError(f"chat template asked {name} for width {a!r}, more than max_chars={limit}")
+    if name in _FORMATTING and isinstance(target, str):
+        _check_format_string(target)
+    if name == "replace" and isinstance(target, str) and len(args) >= 2:
+        grow = max(0, len(str(args[1])) - len(str(args[0]))) * (len(target) + 1)
+        if len(target) + grow > limit:
+            raise TemplateLimitError(f"chat template replace could build {len(target) + grow} chars, more than max_chars={limit}")
 
 
-def _bounded_filter(fn):
+def _check_format_string(fmt: str) -> None:
+    """A width or precision in a format string ("%99999999d", "{:>99999999}") beyond the bound."""
+    limit = _MAX_CHARS.get()
+    if any(int(n) > limit for n in _NUMBER.findall(fmt) if len(n) >= len(str(limit))):
+        raise TemplateLimitError(f"chat template format string asks for a width beyond max_chars={limit}")
+
+
+def _bounded_filter(name: str, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         skip = 2 if getattr(fn, "jinja_pass_arg", None) else 1  # the context, then the value
-        _bounded(args[skip - 1]) if len(args) >= skip else None
-        _check_args(args[skip:], kwargs)
+        value = args[skip - 1] if len(args) >= skip else None
+        _bounded(value)
+        _check_call(name, value, args[skip:], kwargs)
         return _bounded(fn(*args, **kwargs))
 
     return wrapper
@@ -81,7 +107,7 @@ def _bounded_filter(fn):
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     """jinja's immutable sandbox plus size checks on the operators and calls that grow values."""
 
-    intercepted_binops = frozenset({"*", "**", "+"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def call_binop(self, context, operator_name, left, right):
         if operator_name == "*":
@@ -93,14 +119,12 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
                     )
         if operator_name == "**" and isinstance(right, int | float) and abs(right) > 1024:
             raise TemplateLimitError(f"chat template raises to the power {right!r}; at most 1024")
+        if operator_name == "%" and isinstance(left, str):
+            _check_format_string(left)
         return _bounded(super().call_binop(context, operator_name, left, right))
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's signature
-        _check_args(args, kwargs)
-        if getattr(__obj, "__name__", None) == "replace" and len(args) >= 2:  # str.replace
-            old, new = str(args[0]), str(args[1])
-            grow = max(0, len(new) - len(old)) * (len(getattr(__obj, "__self__", "")) + 1)
-            _check_args((grow,), {})
+        _check_call(getattr(__obj, "__name__", None), getattr(__obj, "__self__", None), args, kwargs)
         return _bounded(super().call(__context, __obj, *args, **kwargs))
 
 
@@ -209,7 +233,7 @@ def _compile(source: str) -> jinja2.Template:
     )
     env.filters["tojson"] = _tojson
     for name, fn in list(env.filters.items()):
-        env.filters[name] = _bounded_filter(fn)
+        env.filters[name] = _bounded_filter(name, fn)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _DictMaker()
