@@ -1,8 +1,9 @@
 """Any Gymnasium environment as a text environment: CliffWalking-v1 with our own formatter
 (observation -> text) and parser (text -> action), trained with async GRPO.
 
-Gymnasium rewards pass through unchanged (-1 a step, -100 for the cliff), so the groups of
-an untrained policy already differ in reward and GRPO has a signal from the first step.
+Gymnasium rewards pass through unchanged (-1 a step, -100 for the cliff); a reply that names
+no move costs -1 too. An untrained policy's group often gets one reward for every sample, so
+the example keeps such groups (`filters=()`) instead of waiting for a learning signal.
 
 Run: python examples/gymnasium_wrapper.py [--steps N]
 """
@@ -54,7 +55,8 @@ def main(steps):
                                              max_seq_len=384, min_seq_bucket=128))
     tasks = [Task(id=f"cliff-{seed}", meta={"seed": seed}) for seed in range(16)]
     pipeline = Pipeline(collector, trainer, engine, tasks,
-                        PipelineConfig(group_size=4, groups_per_step=4, max_concurrency=16),
+                        PipelineConfig(group_size=4, groups_per_step=4, max_concurrency=16,
+                                       filters=()),  # keep groups whose rewards are all equal
                         on_step=lambda r: print(f"step {r.step}: reward {r.reward_mean:.2f}"))
     try:
         result = pipeline.run(steps)

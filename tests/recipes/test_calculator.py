@@ -10,16 +10,12 @@ import pytest
 
 from agentax.cli import load_config
 from agentax.cli._build import build_suite_for
-from agentax.recipes import (
-    calculator_demos,
-    calculator_reward,
-    calculator_tasks,
-    compact_calculator,
-)
+from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks
+from agentax.recipes._calculator import compact_calculator
 from agentax.recipes._render import _fast, render_examples
 from agentax.records import Action, Message, Task, ToolCall
 from agentax.text import ByteTokenizer, render_conversation
-from agentax.tools import evaluate
+from agentax.tools._calculator import evaluate
 
 
 def test_tasks_are_deterministic_distinct_and_correct():

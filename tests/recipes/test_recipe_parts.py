@@ -73,7 +73,7 @@ def test_held_out_tasks_are_new_and_demonstrations_score(name):
 
 
 def test_frozen_lake_planner_reaches_every_goal_and_env_reports_metrics():
-    from agentax.envs import FROZEN_LAKE_ACTIONS
+    from agentax.agents import FrozenLakeAgent
     from agentax.recipes import frozen_lake as fl
 
     cfg = load_config(recipe_path("frozen_lake"), ["tasks.num_train=20", "tasks.num_eval=20"])
@@ -85,7 +85,8 @@ def test_frozen_lake_planner_reaches_every_goal_and_env_reports_metrics():
         desc, pos = task.meta["map"], (0, 0)
         for _ in range(10):
             a = fl.shortest_path_action(desc, pos)
-            result = await env.step(Action(text=FROZEN_LAKE_ACTIONS[a]))
+            result = await env.step(Action(text="", value=a))
+            assert FrozenLakeAgent().parse_reply(FrozenLakeAgent.action_name(a)).value == a
             pos = divmod(int(result.observation.raw), len(desc[0]))
             if result.done:
                 return obs, result

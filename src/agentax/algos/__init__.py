@@ -19,15 +19,7 @@ from agentax.algos._advantages import (
     rloo_advantages,
 )
 from agentax.algos._kl import KL_KINDS, kl_estimate, kl_in_reward, kl_loss
-from agentax.algos._masked import (
-    AGG_MODES,
-    aggregate_loss,
-    masked_max,
-    masked_mean,
-    masked_sum,
-    masked_whiten,
-    safe_div,
-)
+from agentax.algos._masked import AGG_MODES, aggregate_loss, masked_mean
 from agentax.algos._policy import (
     OFF_POLICY_MODES,
     gspo_policy_loss,
@@ -36,7 +28,6 @@ from agentax.algos._policy import (
 )
 from agentax.algos._registry import (
     ADVANTAGE_ESTIMATORS,
-    AdvantageEstimator,
     AdvantageSpec,
     advantage_names,
     advantage_spec,
@@ -53,7 +44,6 @@ from agentax.algos._value import entropy_bonus, gather_logprobs, token_entropy, 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
-    "AdvantageEstimator",
     "AdvantageSpec",
     "GROUP_ESTIMATORS",
     "KL_KINDS",
@@ -76,17 +66,13 @@ __all__ = [
     "kl_estimate",
     "kl_in_reward",
     "kl_loss",
-    "masked_max",
     "masked_mean",
-    "masked_sum",
-    "masked_whiten",
     "overlong_penalty",
     "place_sequence_reward",
     "ppo_policy_loss",
     "register_advantage",
     "reinforce_pp_advantages",
     "rloo_advantages",
-    "safe_div",
     "token_entropy",
     "truncated_importance_weights",
     "value_loss",

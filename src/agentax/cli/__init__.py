@@ -2,8 +2,8 @@
 
 * `main(argv)` — `agentax train | sft | eval | doctor | export | config`.
 * `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
-  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own configs),
-  `load_config(path, overrides)`, `parse_overrides`, `dump_config`, `validate`.
+  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own
+  configs), `load_config(path, overrides)`, `parse_overrides`, `dump_config`.
 * `config_reference()` — the Markdown of docs/config.md, generated from the dataclasses.
 """
 
@@ -17,14 +17,12 @@ from agentax.cli._config import (
     SFTConfig,
     TasksConfig,
     TracingConfig,
-    apply_overrides,
     dump_config,
     load_config,
     parse_overrides,
-    validate,
 )
 from agentax.cli._docs import config_reference
-from agentax.cli._main import build_parser, main
+from agentax.cli._main import main
 
 __all__ = [
     "AgentConfig",
@@ -36,12 +34,9 @@ __all__ = [
     "SFTConfig",
     "TasksConfig",
     "TracingConfig",
-    "apply_overrides",
-    "build_parser",
     "config_reference",
     "dump_config",
     "load_config",
     "main",
     "parse_overrides",
-    "validate",
 ]

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from agentax import algos
-from agentax.config import ConfigError, from_dict, to_dict
+from agentax.config import ConfigError, from_dict, to_dict, frozen as _frozen
 from agentax.engine import EngineConfig
 from agentax.models import BYTE_VOCAB_SIZE, ModelConfig
 from agentax.pipeline import PipelineConfig
@@ -49,10 +49,6 @@ __all__ = [
     "parse_overrides",
     "validate",
 ]
-
-def _frozen(cls):
-    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-
 
 @_frozen
 class RunSection:
@@ -81,7 +77,6 @@ class RunSection:
         if "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"run.name {self.name!r} must be a plain folder name (no '/')")
 
-
 @_frozen
 class InitConfig:
     """Where the weights and the tokenizer come from."""
@@ -101,12 +96,10 @@ class InitConfig:
     def tokenizer_source(self) -> str:
         return self.tokenizer or self.model_path or "byte"
 
-
 DEMO_ENV = "agentax.recipes.calculator:make_env"
 DEMO_AGENT = "agentax.recipes.calculator:make_agent"
 DEMO_TASKS = "agentax.recipes.calculator:tasks"
 DEMO_DEMOS = "agentax.recipes.calculator:demos"
-
 
 def _check_path(field: str, value: str | None) -> None:
     from agentax.cli._imports import is_import_path
@@ -114,7 +107,6 @@ def _check_path(field: str, value: str | None) -> None:
     if value and not is_import_path(value):
         raise ConfigError(f"{field}={value!r} must name a callable as 'package.module:function' "
                           "(e.g. agentax.envs:TaskEnvironment)")
-
 
 @_frozen
 class EnvConfig:
@@ -136,7 +128,6 @@ class EnvConfig:
             raise ConfigError("env.factory is empty: name a callable that returns an Environment")
         _check_path("env.factory", self.factory)
 
-
 @_frozen
 class AgentConfig:
     """The agent: any callable that returns an `agentax.agents.Agent`."""
@@ -151,7 +142,6 @@ class AgentConfig:
         if not self.factory:
             raise ConfigError("agent.factory is empty: name a callable that returns an Agent")
         _check_path("agent.factory", self.factory)
-
 
 @_frozen
 class TasksConfig:
@@ -185,7 +175,6 @@ class TasksConfig:
         if not self.factory and not self.train_file:
             raise ConfigError("no tasks: set tasks.train_file=PATH (JSONL) or "
                               "tasks.factory='package.module:callable'")
-
 
 @_frozen
 class SFTConfig:
@@ -232,7 +221,6 @@ class SFTConfig:
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"sft.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
 
-
 @_frozen
 class EvalConfig:
     """Held-out evaluation (before RL, every `every` steps, at the end, and `agentax eval`)."""
@@ -250,7 +238,6 @@ class EvalConfig:
         if self.samples < 0 or self.every < 0 or self.max_concurrency < 1:
             raise ConfigError("eval.samples and eval.every must be >= 0, eval.max_concurrency >= 1")
 
-
 @_frozen
 class TracingConfig:
     """What the run records and shows."""
@@ -266,7 +253,6 @@ class TracingConfig:
     doctor: bool = True
     """Print the doctor's summary at the end of `train`."""
 
-
 # ----------------------------------------------------------------------------- the demo defaults
 
 DEMO_MODEL = ModelConfig.tiny(
@@ -274,21 +260,17 @@ DEMO_MODEL = ModelConfig.tiny(
 )
 """The embedded demo's model: a ~0.3M-parameter Qwen3-layout transformer on the byte vocabulary."""
 
-
 def _demo_engine() -> EngineConfig:
     # One chunk shape (prompts and continuations are ~20-30 tokens): fewer kernels to compile.
     return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=32, min_prefill_bucket=32,
                         decode_steps_per_call=8)
 
-
 def _demo_sampling() -> SamplingParams:
     return SamplingParams(temperature=1.0, max_tokens=64)
-
 
 def _demo_collector() -> CollectorConfig:
     return CollectorConfig(max_turns=3, max_episode_tokens=150, model_timeout_s=120.0,
                            episode_timeout_s=300.0)
-
 
 def _demo_trainer() -> TrainerConfig:
     # 1e-3 with Adam (whose steps do not shrink with the tiny RL gradients) unlearned the SFT
@@ -297,11 +279,9 @@ def _demo_trainer() -> TrainerConfig:
                          min_seq_bucket=160, seq_bucket_multiple=32, off_policy="tis",
                          is_cap=2.0)
 
-
 def _demo_pipeline() -> PipelineConfig:
     return PipelineConfig(mode="async", max_staleness=1, group_size=8, groups_per_step=4,
                           max_concurrency=32)
-
 
 @_frozen
 class RunConfig:
@@ -341,9 +321,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         validate(self)
 
-
 # ----------------------------------------------------------------------------- validation
-
 
 def validate(cfg: RunConfig) -> None:
     """Rejects combinations that cannot work, saying why and what to change.
@@ -395,7 +373,6 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"eval.every={cfg.eval.every} > run.steps={cfg.run.steps}: it would "
                           "never run; lower it or set it to 0")
 
-
 def _check_demo_parts(cfg: RunConfig) -> None:
     """A config that swaps in its own environment must not keep the demo's other parts."""
     if cfg.env.factory == DEMO_ENV:
@@ -413,13 +390,10 @@ def _check_demo_parts(cfg: RunConfig) -> None:
             "PATH (JSONL of {\"messages\": [...]}), sft.demos='package.module:callable', or "
             "sft.steps=0")
 
-
 # ----------------------------------------------------------------------------- building
-
 
 def _section_names() -> list[str]:
     return [f.name for f in dataclasses.fields(RunConfig)]
-
 
 def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
     """`["trainer.learning_rate=1e-3", "pipeline.mode=sync"]` -> a nested mapping.
@@ -447,7 +421,6 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
         node[parts[-1]] = value
     return out
 
-
 def _merge(base: Any, update: Mapping[str, Any], where: str = "") -> Any:
     if not isinstance(base, dict):
         return dict(update)
@@ -461,7 +434,6 @@ def _merge(base: Any, update: Mapping[str, Any], where: str = "") -> Any:
             out[key] = value
     return out
 
-
 def _check_sections(data: Mapping[str, Any], source: str) -> None:
     valid = _section_names()
     for key in data:
@@ -470,7 +442,6 @@ def _check_sections(data: Mapping[str, Any], source: str) -> None:
             hint = f" Did you mean '{close[0]}'?" if close else f" Sections: {', '.join(valid)}."
             raise ConfigError(f"unknown config section '{key}' in {source}.{hint}")
 
-
 def apply_overrides(cfg: RunConfig, data: Mapping[str, Any], source: str = "overrides") -> RunConfig:
     """`cfg` with the (nested, partial) mapping `data` merged over it, strictly validated."""
     if not isinstance(data, Mapping):
@@ -478,14 +449,11 @@ def apply_overrides(cfg: RunConfig, data: Mapping[str, Any], source: str = "over
     _check_sections(data, source)
     return _build(_merge(to_dict(cfg), data), [data], source)
 
-
 _DERIVED_SEEDS = ("pipeline", "trainer")
-
 
 def _given(data: Mapping[str, Any], section: str, key: str) -> bool:
     part = data.get(section)
     return isinstance(part, Mapping) and key in part
-
 
 def _build(merged: dict[str, Any], given: Sequence[Mapping[str, Any]], source: str) -> RunConfig:
     """Imports run.imports, derives the seeds not given explicitly, builds and validates."""
@@ -501,7 +469,6 @@ def _build(merged: dict[str, Any], given: Sequence[Mapping[str, Any]], source: s
         return from_dict(RunConfig, merged)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
-
 
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
                 *, base: RunConfig | None = None) -> RunConfig:
@@ -529,7 +496,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         given.append(data)
         source = f"{source} + overrides" if path is not None else "command-line overrides"
     return _build(merged, given, source)
-
 
 def dump_config(cfg: RunConfig) -> str:
     """The YAML text of `cfg` (every field, so the file alone reproduces the run)."""

@@ -2,23 +2,17 @@
 
 * `RECIPES` / `recipe_path(name)`: the YAML run configs shipped with agentax
   (`agentax train NAME`; see docs/recipes.md).
-* `agentax.recipes.calculator`: the embedded CPU demo's environment, agent, tasks and sloppy
-  demonstrator; `agentax.recipes.math`: math with the calculator tool.
+* Modules named in those YAML files, each a user's-eye example of `env.factory`,
+  `agent.factory`, `tasks.factory` and `sft.demos`: `agentax.recipes.calculator` (the embedded
+  CPU demo), `.math`, `.frozen_lake`, `.bash`, `.swe_tiny`.
 * `load_tasks(path)` (JSONL / Parquet tasks), `load_demos_jsonl(path)` (chat demonstrations),
-  `PromptToolAgent`, and the calculator helpers (`calculator_tasks`, `calculator_demos`, ...).
+  and the calculator task's `calculator_tasks`, `calculator_demos`, `calculator_reward`.
 """
 
 from pathlib import Path
 
-from agentax.recipes._calculator import (
-    CALCULATOR_OPS,
-    DemoMix,
-    calculator_demos,
-    calculator_reward,
-    calculator_tasks,
-    compact_calculator,
-)
-from agentax.recipes._tasks import PromptToolAgent, load_demos_jsonl, load_tasks
+from agentax.recipes._calculator import calculator_demos, calculator_reward, calculator_tasks
+from agentax.recipes._tasks import load_demos_jsonl, load_tasks
 
 RECIPE_DIR = Path(__file__).parent / "configs"
 """Folder of the shipped YAML recipes."""
@@ -40,15 +34,11 @@ def recipe_path(name: str) -> Path:
 
 
 __all__ = [
-    "CALCULATOR_OPS",
-    "DemoMix",
-    "PromptToolAgent",
     "RECIPES",
     "RECIPE_DIR",
     "calculator_demos",
     "calculator_reward",
     "calculator_tasks",
-    "compact_calculator",
     "load_demos_jsonl",
     "load_tasks",
     "recipe_path",

@@ -22,13 +22,19 @@ import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from agentax.agents import FrozenLakeAgent
-from agentax.envs import FROZEN_LAKE_ACTIONS, GymnasiumEnvironment, parse_frozen_lake_action
+from agentax.envs import GymnasiumEnvironment
 from agentax.records import Action, Message, Observation, StepResult, Task
 
 __all__ = ["FrozenLakeMapsEnvironment", "CompactFrozenLakeAgent", "demos", "format_grid",
            "make_agent", "make_env", "shortest_path_action", "tasks"]
 
 _MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}  # left, down, right, up
+
+
+def _unread(text: str) -> None:
+    # FrozenLakeAgent parses every reply itself (Action.value); one it could not read names no
+    # action, so the environment's own text parser has nothing to add.
+    return None
 
 
 def format_grid(obs: Any, env: gym.Env) -> str:
@@ -50,7 +56,7 @@ class FrozenLakeMapsEnvironment(GymnasiumEnvironment):
 
     def __init__(self, **limits: Any) -> None:
         super().__init__(gym.make("FrozenLake-v1", map_name="4x4", is_slippery=False),
-                         formatter=format_grid, parser=parse_frozen_lake_action,
+                         formatter=format_grid, parser=_unread,
                          action_help="Answer left, down, right or up.", **limits)
         self._invalid = 0
 
@@ -154,7 +160,7 @@ def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.3,
             action = shortest_path_action(desc, pos)
             if action is None or rng.random() < noise:
                 action = rng.randrange(4)
-            conv.append(Message(role="assistant", content=FROZEN_LAKE_ACTIONS[action]))
+            conv.append(Message(role="assistant", content=FrozenLakeAgent.action_name(action)))
             pos = _move(desc, pos, action)
             if desc[pos[0]][pos[1]] in "HG":
                 break
