@@ -83,7 +83,7 @@ class CompactFrozenLakeAgent(FrozenLakeAgent):
         return [Message(role="user", content=observation.content)]
 
 
-def make_env(*, max_steps: int = 10) -> FrozenLakeMapsEnvironment:
+def make_env(*, max_steps: int = 8) -> FrozenLakeMapsEnvironment:
     """A fresh environment; the map arrives with each task."""
     return FrozenLakeMapsEnvironment(max_steps=max_steps)
 
@@ -145,8 +145,8 @@ def _grid(desc: Sequence[str], pos: tuple[int, int]) -> str:
     return "\n".join("".join(r) for r in rows)
 
 
-def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.3,
-          max_steps: int = 10) -> list[list[Message]]:
+def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.25,
+          max_steps: int = 8) -> list[list[Message]]:
     """n episodes of the noisy planner on training maps (cycled): a shortest-path move, or a
     uniformly random one with probability `noise`; an episode ends at G, in a hole, or after
     `max_steps` moves, as the environment would end it."""
