@@ -133,7 +133,7 @@ def test_model_calls_that_always_time_out_stop_the_run(make_run):
     run = make_run(EchoEnv, model_timeout_s=0.2)
     run.engine.pause()  # requests queue and never run: every model call times out
     error = _stopped(run.pipeline(), "failures")
-    assert "timeout (episode_timeout)" in str(error) and "collector.model_timeout_s" in str(error)
+    assert "timeout (model_timeout)" in str(error) and "to change: collector.model_timeout_s" in str(error)
 
 
 def test_negative_timeouts_are_rejected():

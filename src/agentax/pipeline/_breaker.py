@@ -78,8 +78,10 @@ def _engine_error_names() -> set[str]:
 
 def _knob_for(reason: str) -> str:
     """The config knob (or code) behind a failure reason recorded by the collector."""
+    if reason == "model_timeout":
+        return "collector.model_timeout_s, or what slows the engine"
     if reason == "episode_timeout":
-        return "collector.model_timeout_s / collector.episode_timeout_s, or a faster model call"
+        return "collector.episode_timeout_s / collector.model_timeout_s"
     if reason.endswith("_timeout"):
         if reason.startswith("reward"):
             return "collector.reward_timeout_s, or the reward function"
