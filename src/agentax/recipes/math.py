@@ -41,15 +41,19 @@ def make_tool_agent(*, tool_format: str = "hermes", list_tools: bool = True,
 
 def arithmetic_tasks(*, num_train: int, num_eval: int, seed: int,
                      max_operand: int = 99) -> tuple[list[Task], list[Task]]:
-    """Distinct 'A+B=' / 'A-B=' questions (answers scored by math_verify); held-out ones are
-    never trained on. For the byte-level demo model: short prompts, short answers."""
+    """Distinct 'A+B=' / 'A-B=' questions, a two-digit A and a one-digit B with no carry or
+    borrow (the tiny model learns a digit table, not long addition), scored by math_verify;
+    held-out questions are never trained on."""
+    possible = 2 * 55 * (max_operand // 10 - 1 + (max_operand % 10 + 1) / 10)
+    if num_train + num_eval > possible:
+        raise ValueError(f"only about {int(possible)} distinct questions exist; lower num_train")
     rng = random.Random(seed)
     seen: set[str] = set()
     out: list[Task] = []
     while len(out) < num_train + num_eval:
-        a, b, op = rng.randint(10, max_operand), rng.randint(1, 9), rng.choice("+-")
+        a, b, op = rng.randint(10, max_operand), rng.randint(0, 9), rng.choice("+-")
         question = f"{a}{op}{b}="
-        if question in seen:
+        if question in seen or not (0 <= (a % 10 + b if op == "+" else a % 10 - b) <= 9):
             continue
         seen.add(question)
         out.append(Task(id=f"arith-{len(out)}", prompt=question,
