@@ -1,4 +1,4 @@
-"""The `agentax` command: train | sft | eval | doctor | export | config."""
+"""The `agentax` command: train | sft | eval | doctor | export | serve | config."""
 
 from __future__ import annotations
 
@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("out")
     p.set_defaults(fn=_cmd_export)
+    from agentax.cli._serve import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     p = sub.add_parser("config", help="print the resolved config (YAML) or the recipe names")
     p.add_argument("args", nargs="*", metavar="[CONFIG] [section.field=value ...]")
     p.add_argument("--recipes", action="store_true", help="list the shipped recipes")
