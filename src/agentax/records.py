@@ -1,9 +1,9 @@
 """Core records shared by every layer: what flows along agentax's data path.
 
-These are plain frozen, keyword-only dataclasses (DESIGN.md, "Core records"). They sit at the
+These are plain frozen, keyword-only dataclasses (docs/design.md, "Records"). They sit at the
 bottom layer so that environments, agents, the engine, the collector and the trainer can all
-speak them without importing each other. `Batch` (device arrays for one micro-batch) lives in
-`agentax.train`, next to the code that builds it.
+speak them without importing each other. Device arrays for one micro-batch are not records:
+they stay private to `agentax.train`, next to the code that builds them.
 """
 
 from __future__ import annotations

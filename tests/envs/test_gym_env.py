@@ -11,15 +11,8 @@ import pytest
 
 from agentax.agents import FrozenLakeAgent, ModelAgent
 from agentax.agents.testing import ScriptedModel
-from agentax.envs import (
-    TAXI_ACTIONS,
-    EnvError,
-    GymnasiumEnvironment,
-    make_frozen_lake,
-    make_taxi,
-    parse_frozen_lake_action,
-    parse_taxi_action,
-)
+from agentax.envs import EnvError, GymnasiumEnvironment, make_frozen_lake, make_taxi
+from agentax.envs._gym import TAXI_ACTIONS, parse_frozen_lake_action, parse_taxi_action
 from agentax.records import Action, Task, TrajectoryStatus
 
 
