@@ -11,17 +11,7 @@ See docs/openai.md.
 """
 
 from agentax.serve._env import OpenAIAgentEnvironment
-from agentax.serve._protocol import APIError, ChatRequest, parse_chat_request
-from agentax.serve._server import ChatServer, shared_server
+from agentax.serve._server import ChatServer
 from agentax.serve._session import Session, SessionLimits
 
-__all__ = [
-    "APIError",
-    "ChatRequest",
-    "ChatServer",
-    "OpenAIAgentEnvironment",
-    "Session",
-    "SessionLimits",
-    "parse_chat_request",
-    "shared_server",
-]
+__all__ = ["ChatServer", "OpenAIAgentEnvironment", "Session", "SessionLimits"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from agentax.agents import TrajectoryBuilder, decode_reply
+from agentax.agents import TrajectoryBuilder
 from agentax.engine import EngineClosed, PromptTooLong
 from agentax.records import (
     Action,
@@ -240,7 +240,7 @@ class Session:
         return list(outs)
 
     def _choice(self, index: int, c: Completion, req: ChatRequest, reply: str | None) -> Choice:
-        text = reply if reply is not None else decode_reply(self.tokenizer, c.token_ids)
+        text = reply if reply is not None else self._decode(c.token_ids)
         finish = _finish(c.finish_reason)
         for s in req.stop:  # OpenAI leaves the stop sequence out of the content
             at = text.find(s)
@@ -264,6 +264,13 @@ class Session:
             lp = [(self.tokenizer.decode([int(t)]), float(v)) for t, v in zip(c.token_ids, c.logprobs)]
         return Choice(index=index, content=content, tool_calls=calls, finish_reason=finish,
                       logprobs=lp, completion_tokens=c.num_tokens)
+
+    def _decode(self, ids: np.ndarray) -> str:
+        """Reply text as `TrajectoryBuilder.add_completion` decodes it (a final eos dropped)."""
+        ids = [int(i) for i in ids]
+        if ids and ids[-1] in tuple(self.tokenizer.eos_token_ids):
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     # ------------------------------------------------------------------ the end
 
