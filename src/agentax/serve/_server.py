@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import json
 import secrets
 import socket
@@ -82,6 +83,8 @@ class ChatServer:
         self.max_request_bytes, self.default_max_tokens = max_request_bytes, default_max_tokens
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
         self._server: Any = None
+        self._prefix = secrets.token_hex(4)
+        self._request_ids = itertools.count(1)
         self._task: asyncio.Task | None = None
         self.url = ""
         """`http://host:port` once started."""
@@ -98,7 +101,10 @@ class ChatServer:
             def capture_signals(self):  # the host program owns the signal handlers
                 yield
 
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so, and without
+        # it every response (headers, then body) waits ~40 ms for the client's delayed ACK.
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET,
+                             socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
@@ -137,7 +143,7 @@ class ChatServer:
     def open_session(self, *, sampling: SamplingParams | None = None,
                      limits: SessionLimits = SessionLimits()) -> Session:
         """A new session with a fresh unguessable id; its base URL is `session_url(session)`."""
-        sid = secrets.token_urlsafe(12)
+        sid = f"{self._prefix}{secrets.token_urlsafe(9)}"
         session = Session(sid, self.engine, self.tokenizer, tool_format=self.tool_format,
                           template_kwargs=self.template_kwargs, sampling=sampling, limits=limits,
                           default_max_tokens=self.default_max_tokens)
@@ -213,7 +219,7 @@ class ChatServer:
                 return error(e)
             except Exception as e:  # noqa: BLE001 - an engine failure answers this call only
                 return error(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
-            rid, created = f"chatcmpl-{secrets.token_hex(8)}", int(time.time())
+            rid, created = f"chatcmpl-{self._prefix}-{next(self._request_ids)}", int(time.time())
             model = req.model or self.model_name
             if req.stream:
                 events = stream_events(rid, created, model, choices, prompt_tokens, req.include_usage)
