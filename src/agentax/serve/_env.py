@@ -104,7 +104,9 @@ class OpenAIAgentEnvironment(Environment):
             info["error"] = f"{type(e).__name__}: {e}"[:500]
         finally:
             server.close_session(session)
-        if session.truncated and status in (TrajectoryStatus.OK, TrajectoryStatus.ENV_ERROR):
+        if session.timed_out and status != TrajectoryStatus.TIMEOUT:
+            status, reason = TrajectoryStatus.TIMEOUT, "model_timeout"
+        elif session.truncated and status in (TrajectoryStatus.OK, TrajectoryStatus.ENV_ERROR):
             status, reason = TrajectoryStatus.TRUNCATED, session.truncated
         if status == TrajectoryStatus.OK and not session.counts["calls"]:
             status, reason = TrajectoryStatus.ENV_ERROR, "no_model_call"

@@ -103,6 +103,8 @@ class Session:
         self.closed = False
         self.truncated: str | None = None
         """Why the session's budget ran out (then further calls get a 400)."""
+        self.timed_out = False
+        """A model call ran past `limits.model_timeout_s`."""
         self.reward: float | None = None
         """A reward POSTed to the session's reward route."""
         self.final_answer = ""
@@ -230,6 +232,7 @@ class Session:
             raise APIError(400, f"the conversation does not fit the model's context: {e}",
                            param="messages", code="context_length_exceeded") from None
         except TimeoutError:
+            self.timed_out = True
             raise APIError(504, "the model call timed out", type="server_error") from None
         except EngineClosed as e:
             raise APIError(503, f"the engine is shut down: {e}", type="server_error") from None
