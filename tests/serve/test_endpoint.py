@@ -217,3 +217,20 @@ def test_concurrent_sessions_stay_separate(recording, tok):
         (comps,) = [cs for cs in by_seq.values()
                     if np.array_equal(np.concatenate([x.token_ids for x in cs]), generated(traj))]
         assert len(comps) == 2
+
+
+def test_stop_strings_are_cut_from_content(tok):
+    eng = ScriptedEngine(tok, ["hello world, again"])
+
+    async def main():
+        async with ChatServer(eng, tok) as server:
+            c = client(server)
+            r = await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                stop=["wor", "zzz"], max_completion_tokens=40)
+            await c.close()
+            return r, server.session("k1").trajectory(0.0, TrajectoryStatus.OK)
+
+    r, traj = run(main())
+    assert r.choices[0].message.content == "hello " and r.choices[0].finish_reason == "stop"
+    # the recorded stream keeps every generated token (the engine's ids, not the cut text)
+    assert tok.decode(generated(traj)[:-1]) == "hello world, again"
