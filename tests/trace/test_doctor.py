@@ -1,11 +1,12 @@
-"""The doctor names the right bottleneck on synthetic runs with a known one."""
+"""The doctor names the right bottleneck on synthetic runs with a known one (exact numbers on a
+virtual clock); tests/trace/test_doctor_real.py checks the verdicts on real pipelines."""
 
 import os
 
 import pytest
 
 from agentax.trace import doctor, names
-from agentax.trace._synthetic import SCENARIOS, SyntheticRun, simulate_run
+from synthetic_run import SCENARIOS, SyntheticRun, simulate_run
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,10 @@
 """Read a Perfetto trace written by agentax back into plain records (for tests and the doctor).
 
-The file is parsed packet by packet with the same protos the writer used; a truncated last
-packet (a run killed mid-write) is ignored, not an error.
+A file is parsed packet by packet with the same protos the writer used; a truncated last
+packet (a run killed mid-write) is ignored, not an error. A run directory is read as all its
+segments (`trace.perfetto-trace`, `trace.1.perfetto-trace`, ...: one per resume), laid end to
+end: each later segment is shifted to start where the one before ended and its flow ids are
+kept apart, so the downtime between a kill and a resume does not count as run time.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any, Iterator, Mapping
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from agentax.trace._writer import LANE_SEPARATOR
+from agentax.trace._files import TRACE_FILENAME
+from agentax.trace._writer import LANE_SEPARATOR, segment_path
 
 # Counter samples sort by time only (stable): samples taken at the same ns keep the order they
 # were recorded in, so the last one is the value that holds afterwards.
@@ -62,6 +66,9 @@ class TraceData:
 
     def spans_named(self, name: str) -> list[SpanRecord]:
         return [s for s in self.spans if s.name == name]
+
+    def instants_named(self, name: str) -> list[InstantRecord]:
+        return [i for i in self.instants if i.name == name]
 
     @property
     def start_ns(self) -> int:
@@ -115,8 +122,7 @@ def _value(ann: pb.DebugAnnotation) -> Any:
     return getattr(ann, kind) if kind else None
 
 
-def read_trace(path: str | os.PathLike) -> TraceData:
-    """Parse a trace written by `Tracer.start` into `TraceData`."""
+def _read_file(path: str) -> TraceData:
     names: dict[int, str] = {}
     arg_names: dict[int, str] = {}
     track_name: dict[int, str] = {}
@@ -193,3 +199,60 @@ def read_trace(path: str | os.PathLike) -> TraceData:
     return TraceData(spans=tuple(spans), instants=tuple(instants),
                      counters={k: tuple(sorted(v, key=_TS)) for k, v in counters.items()},
                      tracks=tuple(tracks), process_name=process_name)
+
+
+def trace_segments(run_dir: str | os.PathLike) -> list[str]:
+    """The trace files of a run directory, oldest first (empty if it has none)."""
+    base, found = os.path.join(os.fspath(run_dir), TRACE_FILENAME), []
+    while os.path.exists(segment_path(base, len(found))):
+        found.append(segment_path(base, len(found)))
+    return found
+
+
+def _shifted(data: TraceData, shift: int, flow_base: int) -> TraceData:
+    def flows(ids: tuple) -> tuple:
+        return tuple(flow_base + f for f in ids)
+
+    return dataclasses.replace(
+        data,
+        spans=tuple(dataclasses.replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift,
+                                        flow_out=flows(s.flow_out), flow_in=flows(s.flow_in))
+                    for s in data.spans),
+        instants=tuple(dataclasses.replace(i, ts_ns=i.ts_ns + shift) for i in data.instants),
+        counters={k: tuple((t + shift, v) for t, v in c) for k, c in data.counters.items()})
+
+
+def read_trace(path: str | os.PathLike) -> TraceData:
+    """Parse a trace file written by `Tracer.start`, or all segments of a run directory.
+
+    Raises:
+      FileNotFoundError: a directory without a trace, or a missing file.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return _read_file(path)
+    files = trace_segments(path)
+    if not files:
+        raise FileNotFoundError(
+            f"no trace in {path!r}: expected {TRACE_FILENAME}; was the run started with "
+            f"tracing on (tracer.start(run_dir))?")
+    parts, end = [], None
+    for file in files:
+        data = _read_file(file)
+        if not (data.spans or data.instants or data.counters):
+            continue
+        shift = 0 if end is None else end + 1 - data.start_ns
+        flow_base = max((f for p in parts for s in p.spans for f in s.flow_out + s.flow_in),
+                        default=0)
+        data = _shifted(data, shift, flow_base) if parts else data
+        parts.append(data)
+        end = data.end_ns
+    if len(parts) <= 1:
+        return parts[0] if parts else _read_file(files[0])
+    return TraceData(
+        spans=tuple(s for p in parts for s in p.spans),
+        instants=tuple(i for p in parts for i in p.instants),
+        counters={k: tuple(x for p in parts for x in p.counters.get(k, ()))
+                  for k in dict.fromkeys(k for p in parts for k in p.counters)},
+        tracks=tuple(sorted({t for p in parts for t in p.tracks})),
+        process_name=parts[-1].process_name)

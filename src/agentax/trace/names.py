@@ -24,6 +24,7 @@ PREFILL = "prefill"  # engine prefill of new requests into free slots (engine tr
 DECODE_STEP = "decode_step"  # one batched decode step of all active slots (engine track)
 PROFILER_WINDOW = "profiler_window"  # the jax.profiler capture window (profiler track)
 DEVICE_CALL = "device_call"  # default name for `Tracer.device_span`
+HOST_INFO = "host_info"  # instant at `Tracer.start`: cpu_cores, jax_backend, jax_devices
 
 # --- counters ----------------------------------------------------------------------------
 ENGINE_ACTIVE_SLOTS = "engine_active_slots"
