@@ -55,10 +55,8 @@ class _NoopSpan:
         """Does nothing (tracing is off)."""
 
     def block(self, value: Any) -> Any:
-        """Returns `value` unchanged (tracing is off); kept so device spans still sync."""
-        from agentax.trace._device import block_until_ready
-
-        return block_until_ready(value)
+        """Syncs anyway, so code around device spans behaves the same with tracing off."""
+        return sys.modules["agentax.trace._device"].block_until_ready(value)
 
 
 NOOP_SPAN = _NoopSpan()
@@ -73,15 +71,6 @@ class Span:
 
     __slots__ = ("_tracer", "name", "track", "args", "flow_out", "flow_in", "start_ns", "end_ns",
                  "_token")
-
-    def __init__(self, tracer: "Tracer", name: str, track: Any, args: dict | None,
-                 flow_out: tuple, flow_in: tuple) -> None:
-        self._tracer = tracer
-        self.name = name
-        self.track = track
-        self.args = args
-        self.flow_out = flow_out
-        self.flow_in = flow_in
 
     def __enter__(self) -> "Span":
         tracer = self._tracer
@@ -114,21 +103,16 @@ class Span:
         self.end_ns = end_ns
         args = self.args
         if exc_type is not None:
-            args = {**args, "error": exc_type.__name__} if args else {"error": exc_type.__name__}
-        events = tracer._events
-        if len(events) >= tracer.capacity:
-            tracer._dropped += 1
+            args = {**(args or {}), "error": exc_type.__name__}
         # A tuple, not the span object: the collector untracks tuples of plain values, so a
         # full buffer costs the cyclic GC nothing (a buffered object would be traversed).
-        events.append((SPAN, self.start_ns, end_ns, self.track, self.name, args,
-                       self.flow_out, self.flow_in))
+        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, args,
+                        self.flow_out, self.flow_in))
         return False
 
     def set_arg(self, key: str, value: Any) -> None:
-        """Attach an argument known only inside the span (e.g. the episode status).
-
-        Copies the args (never mutates the mapping passed to `Tracer.span`).
-        """
+        """Attach an argument known only inside the span (e.g. the episode status); copies the
+        args (never mutates the mapping passed to `Tracer.span`)."""
         self.args = {**self.args, key: value} if self.args else {key: value}
 
 
@@ -148,9 +132,7 @@ class Tracer:
                  clock: Callable[[], int] = time.perf_counter_ns, enabled: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"Tracer capacity must be >= 1, got {capacity}")
-        self.enabled = enabled
-        self.capacity = capacity
-        self._clock = clock
+        self.enabled, self.capacity, self._clock = enabled, capacity, clock
         self._events: deque = deque(maxlen=capacity)
         self._dropped = 0
         self._flow_ids = itertools.count(1)
@@ -158,10 +140,8 @@ class Tracer:
         self._current_track: contextvars.ContextVar = contextvars.ContextVar(
             f"agentax_trace_track_{id(self)}", default=None)
         self._tls = threading.local()
-        self._writer = None
-        self._last_writer = None
+        self._writer = self._last_writer = None
 
-    # -- recording ------------------------------------------------------------------------
     def now_ns(self) -> int:
         """The tracer's clock, in nanoseconds."""
         return self._clock()
@@ -249,10 +229,7 @@ class Tracer:
                 return
             last[name] = value
         ts = self._clock() if ts_ns is None else int(ts_ns)
-        events = self._events
-        if len(events) >= self.capacity:
-            self._dropped += 1
-        events.append((COUNTER, ts, ts, None, name, float(value), (), ()))
+        self._record((COUNTER, ts, ts, None, name, float(value), (), ()))
 
     def new_flow_id(self) -> int:
         """A fresh id to connect a producer span (flow_out) to a consumer span (flow_in)."""
@@ -271,11 +248,8 @@ class Tracer:
         """
         from agentax.trace._device import DeviceSpan
 
-        if not self.enabled:
-            return NOOP_SPAN
-        return DeviceSpan(self, name, track, dict(args) if args else None)
+        return DeviceSpan(self, name, track, args) if self.enabled else NOOP_SPAN
 
-    # -- output ---------------------------------------------------------------------------
     def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
               process_name: str = "agentax") -> str:
         """Write this tracer's events to a Perfetto trace file from now on.
@@ -321,20 +295,21 @@ class Tracer:
         """Remove and return up to `limit` (default all) buffered record tuples:
         ``(kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)``."""
         events, out = self._events, []
-        pop, append = events.popleft, out.append
         try:
             for _ in range(len(events) if limit is None else min(limit, len(events))):
-                append(pop())
-        except IndexError:
+                out.append(events.popleft())
+        except IndexError:  # another thread took the rest
             pass
         return out
 
     def stats(self) -> dict[str, int]:
-        """Counts: events dropped (buffer full), buffered, written, and bytes written."""
+        """Counts: events dropped (buffer full), buffered, written, bytes written, and the CPU
+        time (ns) the writer spent encoding and writing."""
         writer = self._writer or self._last_writer
         return {"dropped": self._dropped, "buffered": len(self._events),
                 "written": writer.events_written if writer else 0,
-                "bytes": writer.bytes_written if writer else 0}
+                "bytes": writer.bytes_written if writer else 0,
+                "writer_cpu_ns": writer.cpu_ns if writer else 0}
 
 
 def _host_info() -> dict:
@@ -403,9 +378,7 @@ def traced(name: str | Callable | None = None, *, track: str | None = None,
                 return fn(*args, **kwargs)
         return wrapper
 
-    if callable(name) and not isinstance(name, str):
-        return decorate(name)
-    return decorate
+    return decorate(name) if callable(name) and not isinstance(name, str) else decorate
 
 
 __all__ = ["Tracer", "Span", "ThreadTrack", "get_tracer", "set_enabled", "traced"]

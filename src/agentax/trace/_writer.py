@@ -229,7 +229,7 @@ class PerfettoWriter:
         self.path = segment_path(path, index)
         self._tracer, self._interval = tracer, flush_interval_s
         self._encoder = PacketEncoder(process_name)
-        self.events_written = self.bytes_written = 0
+        self.events_written = self.bytes_written = self.cpu_ns = 0
         self._owner, self._closed = os.getpid(), False
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentax-trace-writer",
@@ -251,6 +251,7 @@ class PerfettoWriter:
         with self._lock:
             if self._closed or os.getpid() != self._owner:
                 return
+            cpu = time.thread_time_ns()
             pending = len(self._tracer._events)
             while pending > 0:
                 batch = self._tracer.take_events(min(pending, _MAX_BATCH))
@@ -264,6 +265,7 @@ class PerfettoWriter:
                 if yield_between and pending > 0:
                     time.sleep(0)  # hand the GIL to the threads doing the real work
             self._file.flush()
+            self.cpu_ns += time.thread_time_ns() - cpu
 
     def stop(self) -> None:
         """Write what is buffered, stop the thread and close the file (idempotent)."""
