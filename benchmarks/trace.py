@@ -10,6 +10,7 @@ Goal figure (both full and --quick):
                           the per-pair ratios, `_ci95` its bootstrap 95% interval. Pairs are
                           added until that interval is narrower than +-0.004 or the time budget
                           is spent. Goal <= 0.01.
+  tracing_overhead_pipeline_cpu  the same ratio of this process's CPU time (all threads)
   tracing_cpu_share_pipeline  CPU the tracing took in those runs over their wall time: events
                           x the measured cost of recording one + the writer thread's CPU time
                           (measured). Not the goal, but not swamped by other jobs' load.
@@ -186,7 +187,7 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
 
     work = Workload(**OVERHEAD_WORK)
     tracer, was_enabled = get_tracer(), get_tracer().enabled
-    ratios, on, off, shares = [], [], [], []
+    ratios, cpu_ratios, on, off, shares = [], [], [], [], []
     record_ns = span_cost_ns(20_000, repeats=3)["span_cost_ns_on_args_track"]
     deadline = time.perf_counter() + budget_s
     try:
@@ -194,13 +195,14 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
             set_enabled(False)
             tiny.run(work, steps)  # warm-up: every shape of this workload compiled
             while True:
-                pair = {}
+                pair, cpu = {}, {}
                 for enabled in ((False, True) if len(ratios) % 2 == 0 else (True, False)):
                     set_enabled(enabled)
                     run_dir = os.path.join(tmp, f"run{len(ratios)}") if enabled else None
-                    start = time.perf_counter()
+                    start, cpu_start = time.perf_counter(), time.process_time()
                     tiny.run(work, steps, run_dir)
                     pair[enabled] = time.perf_counter() - start
+                    cpu[enabled] = time.process_time() - cpu_start
                     if enabled:  # CPU the tracing took: recording (estimated) and writing
                         stats = tracer.stats()
                         shares.append((stats["written"] * record_ns + stats["writer_cpu_ns"])
@@ -208,6 +210,7 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
                 on.append(pair[True])
                 off.append(pair[False])
                 ratios.append(pair[True] / pair[False] - 1.0)
+                cpu_ratios.append(cpu[True] / cpu[False] - 1.0)
                 if len(ratios) >= min_pairs:
                     med, lo, hi = _median_ci(ratios)
                     if (hi - lo) / 2 < target_half_width or time.perf_counter() > deadline:
@@ -221,6 +224,8 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
             "tracing_overhead_pipeline_run_s_on": round(statistics.median(on), 3),
             "tracing_overhead_pipeline_steps": steps,
             "tracing_cpu_share_pipeline": round(statistics.median(shares), 4),
+            "tracing_overhead_pipeline_cpu": round(_median_ci(cpu_ratios)[0], 4),
+            "tracing_overhead_pipeline_cpu_ci95": [round(x, 4) for x in _median_ci(cpu_ratios)[1:]],
             "tracing_overhead_pipeline_workload": OVERHEAD_WORK}
 
 
@@ -271,7 +276,7 @@ def main() -> None:
         tiny = TinyPipeline()
         try:
             result.update(pipeline_overhead(tiny, steps=2 if args.quick else 3,
-                                            budget_s=20 if args.quick else 400))
+                                            budget_s=20 if args.quick else 300))
             if not args.quick:
                 result["doctor_advice"] = doctor_advice(tiny)
         finally:

@@ -84,33 +84,18 @@ class DoctorReport:
     training_slowdown: float | None = None  # decode step p50 while training / while not
 
 
-def _dig(config: Mapping, dotted: str) -> Any:
-    node: Any = config
-    for key in dotted.split("."):
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
 def read_knobs(run_dir: str) -> dict[str, Any]:
-    """The knobs the doctor talks about, from `config.yaml`; None where absent."""
-    knobs: dict[str, Any] = {"max_concurrency": None, "max_staleness": None, "max_slots": None}
-    path = os.path.join(run_dir, CONFIG_FILENAME)
-    if not os.path.exists(path):
-        return knobs
-    import yaml
+    """The knobs the doctor talks about, from `config.yaml` (`pipeline.max_concurrency`,
+    `pipeline.max_staleness`, `engine.max_slots`, or the same at top level); None where absent."""
+    path, config = os.path.join(run_dir, CONFIG_FILENAME), {}
+    if os.path.exists(path):
+        import yaml
 
-    with open(path, encoding="utf-8") as f:
-        config = yaml.safe_load(f) or {}
-    for key, dotted in (("max_concurrency", "pipeline.max_concurrency"),
-                        ("max_staleness", "pipeline.max_staleness"),
-                        ("max_slots", "engine.max_slots")):
-        value = _dig(config, dotted)
-        if value is None:
-            value = _dig(config, key)
-        knobs[key] = value
-    return knobs
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f) or {}
+    sections = {"max_concurrency": "pipeline", "max_staleness": "pipeline", "max_slots": "engine"}
+    return {key: (config.get(section) or {}).get(key, config.get(key))
+            for key, section in sections.items()}
 
 
 def _spans_by_name(trace: TraceData) -> dict[str, list[tuple[int, int]]]:

@@ -1,16 +1,13 @@
 """The trace writer: a background thread that appends the tracer's events to a Perfetto file.
 
-Every drain appends one `Trace` message of new packets, built with the perfetto package's
-generated protos (concatenated `Trace` messages are one valid trace), so writing costs the same
-at hour ten as at minute one and a killed run leaves a readable file. Event and arg names are
-interned once per file; a track is described the first time it is used.
-
-Spans are recorded when they end, so children arrive before their parents. Spans of one track
-that do not nest (two coroutines sharing a thread's track) go to numbered lane tracks under it
-(``"T [1]"``), so the file never holds a malformed slice stack.
-
-An existing file is never truncated: `PerfettoWriter` writes the next free segment
-(`segment_path`), and track uuids are random per segment, so segments can also be concatenated.
+Every drain appends one `Trace` message of new packets built with perfetto's generated protos
+(concatenated `Trace` messages are one valid trace), so writing costs the same at hour ten as
+at minute one and a killed run leaves a readable file. Names are interned once per file; a
+track is described when first used. Spans arrive when they end (children before parents);
+spans of one track that do not nest (coroutines sharing a thread's track) go to lane tracks
+under it (``"T [1]"``), so the file never holds a malformed slice stack. An existing file is
+never truncated: the writer takes the next free segment (`segment_path`); track uuids are
+random per segment, so segments can also be concatenated.
 """
 
 from __future__ import annotations
@@ -44,9 +41,8 @@ def segment_path(path: str, index: int) -> str:
 
 
 def _place(roots: list, start: int, end: int) -> int | None:
-    """Put [start, end] on a lane whose top-level spans are `roots` ([written, origin, end],
-    disjoint, sorted); returns the start to write, or None if it does not nest there. A span
-    arrives after the children it contains; those stop being top-level."""
+    """Put [start, end] on a lane with top-level spans `roots` ([written, origin, end], sorted);
+    the start to write, or None if it does not nest there (its children stop being roots)."""
     i = len(roots)
     while i and roots[i - 1][2] > start:
         _, origin, root_end = roots[i - 1]
@@ -77,7 +73,7 @@ def _annotate(event: pb.TrackEvent, args: dict, iid) -> None:
         else:
             try:
                 ann.string_value = json.dumps(value, default=str)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError):  # e.g. a dict with tuple keys
                 ann.string_value = repr(value)
 
 
@@ -137,14 +133,6 @@ class PacketEncoder:
                 self._describe(uuid, parent, name)
         return uuid
 
-    def _counter_uuid(self, name: str) -> int:
-        key = (("counter", name), 0)
-        uuid = self._tracks.get(key)
-        if uuid is None:
-            uuid = self._tracks[key] = self._uuid()
-            self._describe(uuid, self._process_uuid, name, counter=True)
-        return uuid
-
     def _lane(self, track: Any, start: int, end: int) -> tuple[int, int]:
         lanes = self._lanes[track]
         for index, roots in enumerate(lanes):
@@ -170,7 +158,11 @@ class PacketEncoder:
                 events, key=lambda e: (e[2], -e[1])):
             if kind == COUNTER:
                 ev = add(timestamp=start, trusted_packet_sequence_id=SEQUENCE_ID).track_event
-                ev.type, ev.track_uuid = pb.TrackEvent.TYPE_COUNTER, self._counter_uuid(name)
+                uuid = self._tracks.get((name, -1))
+                if uuid is None:
+                    uuid = self._tracks[(name, -1)] = self._uuid()
+                    self._describe(uuid, self._process_uuid, name, counter=True)
+                ev.type, ev.track_uuid = pb.TrackEvent.TYPE_COUNTER, uuid
                 ev.double_counter_value = payload
                 continue
             lane = 0
@@ -210,23 +202,17 @@ def _close_at_exit() -> None:
 
 
 class PerfettoWriter:
-    """A daemon thread that drains a tracer into the first free segment of `path`.
-
-    It wakes every `flush_interval_s` and writes what is buffered, `_MAX_BATCH` events at a
-    time with a GIL hand-over between batches. Open writers are stopped at interpreter exit, so
-    the tail of a run is written; a forked child never writes into its parent's file.
-    """
+    """A daemon thread that drains a tracer into the first free segment of `path` every
+    `flush_interval_s`, `_MAX_BATCH` events at a time with a GIL hand-over between batches.
+    Stopped at interpreter exit (the tail is written); a forked child never writes."""
 
     def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
                  process_name: str = "agentax") -> None:
         index = 0
-        while True:
-            try:
-                self._file = open(segment_path(path, index), "xb")  # never truncates
-                break
-            except FileExistsError:
-                index += 1
+        while os.path.exists(segment_path(path, index)):
+            index += 1
         self.path = segment_path(path, index)
+        self._file = open(self.path, "xb")  # never truncates (two writers at once: one fails)
         self._tracer, self._interval = tracer, flush_interval_s
         self._encoder = PacketEncoder(process_name)
         self.events_written = self.bytes_written = self.cpu_ns = 0
