@@ -276,7 +276,7 @@ def main() -> None:
         tiny = TinyPipeline()
         try:
             result.update(pipeline_overhead(tiny, steps=2 if args.quick else 3,
-                                            budget_s=20 if args.quick else 300))
+                                            budget_s=15 if args.quick else 300))
             if not args.quick:
                 result["doctor_advice"] = doctor_advice(tiny)
         finally:

@@ -166,3 +166,20 @@ def test_resume_writes_a_new_segment_and_the_doctor_reads_all(tmp_path):
     assert report.episodes == 5 and report.train_steps == 5
     assert report.wall_s == pytest.approx(10.0, abs=1e-6)
     assert read_trace(second).spans_named(names.EPISODE)[0].flow_out == (1,)
+
+
+def test_idle_tracks_are_forgotten_and_described_anew(tmp_path, monkeypatch):
+    import agentax.trace._writer as writer
+
+    monkeypatch.setattr(writer, "_MAX_TRACKS", 2)
+    encoder, path = PacketEncoder(pid=1), tmp_path / "t.perfetto-trace"
+    order = ["episode/1", "episode/2", "episode/3", "episode/1"]  # 1 is forgotten, then reused
+    with open(path, "wb") as f:
+        for i, track in enumerate(order):
+            t = 1000 * (i + 1)
+            f.write(encoder.encode([(SPAN, t + 10, t + 20, track, "child", None, (), ()),
+                                    (SPAN, t, t + 500, track, "parent", None, (), ())]))
+    assert len(encoder._lanes) == 2 and ("episode/1", 0) in encoder._tracks
+    spans = read_trace(path).spans
+    assert [(s.track, s.name, s.depth) for s in spans] == [
+        (track, name, depth) for track in order for name, depth in (("parent", 0), ("child", 1))]

@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 import weakref
-from collections import defaultdict
 from typing import Any
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -32,6 +31,7 @@ LANE_SEPARATOR = " ["  # lane k > 0 of track "T" is named "T [k]"
 _NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _MAX_ROOTS = 512  # top-level spans remembered per lane (bounds the writer's memory)
 _MAX_BATCH = 4096  # events encoded between two GIL hand-overs
+_MAX_TRACKS = 4096  # tracks whose lanes are remembered (least recently used forgotten)
 
 
 def segment_path(path: str, index: int) -> str:
@@ -52,7 +52,7 @@ def _place(roots: list, start: int, end: int) -> int | None:
     written = start
     if i < len(roots) and roots[i][0] <= start:  # a child starts on the same ns: begin first
         written = roots[i][0] - 1
-    roots[i:] = [[written, start, end]]
+    roots[i:] = [(written, start, end)]  # tuples: the GC stops scanning them
     if len(roots) > 2 * _MAX_ROOTS:
         del roots[:_MAX_ROOTS]
     return written
@@ -87,7 +87,7 @@ class PacketEncoder:
         self._iids: dict[tuple[str, bool], int] = {}
         self._tracks: dict[tuple[Any, int], int] = {}
         self._groups: dict[str, int] = {}
-        self._lanes: dict[Any, list] = defaultdict(list)
+        self._lanes: dict[Any, list] = {}  # track -> lanes, least recently used first
 
     def _uuid(self) -> int:
         self._next_uuid = (self._next_uuid + 1) & ((1 << 63) - 1)
@@ -134,12 +134,19 @@ class PacketEncoder:
         return uuid
 
     def _lane(self, track: Any, start: int, end: int) -> tuple[int, int]:
-        lanes = self._lanes[track]
+        # An episode track is used for one episode: forgetting idle ones keeps the writer's
+        # memory (and the cyclic GC's work) flat over a long run.
+        lanes = self._lanes.pop(track, None) or []
+        self._lanes[track] = lanes
+        if len(self._lanes) > _MAX_TRACKS:  # used again later, it is described anew
+            old = next(iter(self._lanes))
+            for lane in range(len(self._lanes.pop(old))):
+                self._tracks.pop((old, lane), None)
         for index, roots in enumerate(lanes):
             written = _place(roots, start, end)
             if written is not None:
                 return index, written
-        lanes.append([[start, start, end]])
+        lanes.append([(start, start, end)])
         return len(lanes) - 1, start
 
     def encode(self, events: list) -> bytes:
