@@ -18,7 +18,8 @@ from agentax.rollout import Collector, CollectorConfig
 from agentax.serve import OpenAIAgentEnvironment
 
 TASK = Task(id="t1", prompt="Say yes.", answer="yes")
-CFG = CollectorConfig(max_turns=4, max_episode_tokens=400, model_timeout_s=60, episode_timeout_s=60)
+# Generous limits: the first calls compile kernels, and CI machines can be loaded.
+CFG = CollectorConfig(max_turns=4, max_episode_tokens=400, model_timeout_s=300, episode_timeout_s=600)
 
 
 def collector(recording, tok, env_factory, sampling=SamplingParams(max_tokens=8), cfg=CFG, **kw):
@@ -64,7 +65,7 @@ def test_budget_timeout_reward_fn_and_agent_errors(recording, tok):
     async def silent(client, task):
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
-    fast = CollectorConfig(max_turns=3, max_episode_tokens=400, model_timeout_s=60, episode_timeout_s=3)
+    fast = CollectorConfig(max_turns=3, max_episode_tokens=400, model_timeout_s=300, episode_timeout_s=3)
 
     async def main():
         out = {}
