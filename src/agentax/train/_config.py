@@ -81,7 +81,7 @@ class TrainerConfig:
     advantage: str = "grpo"
     """Advantage estimator by registered name (agentax.algos.register_advantage): built-in grpo,
     dr_grpo, rloo, reinforce_pp, gae; a user's own after its module is imported (run.imports)."""
-    advantage_kwargs: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    advantage_kwargs: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     """Knobs of the estimator (grpo: eps, std_ddof; reinforce_pp: gamma; gae: gamma, lam, whiten)."""
     policy_loss: str = "ppo"
     """'ppo' (clipped surrogate, token level) or 'gspo' (sequence-level ratio)."""
