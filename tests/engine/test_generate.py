@@ -116,7 +116,8 @@ def test_sampling_does_not_depend_on_batch_company(engine):
         + [SamplingParams(temperature=0.7, top_k=20, seed=i) for i in range(4)],
     )
     assert outs[5].token_ids.tolist() == alone.token_ids.tolist()
-    np.testing.assert_array_equal(outs[5].logprobs, alone.logprobs)
+    # Not bitwise: in a crowd the prompt is prefilled in a wider chunk shape (rounding only).
+    np.testing.assert_allclose(outs[5].logprobs, alone.logprobs, atol=1e-5)
     # And different seeds give different samples.
     other = engine.generate_batch([prompt], SamplingParams(temperature=1.0, max_tokens=20, seed=9))
     assert other[0].token_ids.tolist() != alone.token_ids.tolist()

@@ -92,15 +92,20 @@ def test_cancelling_a_request_frees_its_slot_for_a_waiting_one(engine):
     async def scenario():
         hogs = [asyncio.create_task(engine.generate([i + 1], long)) for i in range(CFG.max_slots)]
         while engine.stats().active_slots < CFG.max_slots:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.001)
+        engine.pause()  # the hogs stay in their slots (a paused engine still takes its inbox)
         waiter = asyncio.create_task(engine.generate([7], SamplingParams(max_tokens=2)))
         await asyncio.sleep(0.05)
         assert not waiter.done() and engine.stats().waiting_requests == 1
-        hogs[0].cancel()
+        hogs[0].cancel()  # handled before the next admission: the waiter takes its slot
+        await asyncio.sleep(0.05)
+        engine.resume()
         out = await asyncio.wait_for(waiter, timeout=60)
+        engine.pause()
         for h in hogs[1:]:
             h.cancel()
         await asyncio.gather(*hogs, return_exceptions=True)
+        engine.resume()
         await asyncio.sleep(0.2)
         return out
 
