@@ -4,17 +4,30 @@
 `max_slots` sequences and a background step thread; `await engine.generate(ids, params,
 sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions.
 See docs/engine.md.
+
+The config, stats and error types import no JAX; `Engine` and the sampling functions load
+JAX on first use (so the host-side scheduler and its tests stay JAX-free).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from agentax.engine._config import EngineConfig, EngineStats
-from agentax.engine._engine import (
-    Engine,
-    EngineClosed,
-    EngineError,
-    PromptTooLong,
-    SequenceError,
-)
-from agentax.engine._sampling import RowSampling, sample_tokens
+from agentax.engine._requests import EngineClosed, EngineError, PromptTooLong, SequenceError
+
+if TYPE_CHECKING:
+    from agentax.engine._compilation import enable_compilation_cache
+    from agentax.engine._engine import Engine
+    from agentax.engine._sampling import RowSampling, sample_tokens
+
+_LAZY = {
+    "Engine": "agentax.engine._engine",
+    "RowSampling": "agentax.engine._sampling",
+    "sample_tokens": "agentax.engine._sampling",
+    "enable_compilation_cache": "agentax.engine._compilation",
+}
 
 __all__ = [
     "Engine",
@@ -25,5 +38,18 @@ __all__ = [
     "PromptTooLong",
     "RowSampling",
     "SequenceError",
+    "enable_compilation_cache",
     "sample_tokens",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agentax.engine' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
