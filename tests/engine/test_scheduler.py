@@ -230,6 +230,7 @@ def test_scheduler_and_these_tests_import_no_jax():
 def test_attend_bucket_is_the_shortest_span_that_covers_the_length():
     assert [CFG.attend_bucket(n) for n in (1, 64, 65, 500, 600)] == [64, 64, 128, 512, 512]
     assert EngineConfig(max_seq_len=96).attend_buckets == (96,)
-    assert EngineConfig(max_seq_len=300).attend_buckets == (128, 256, 300)
+    assert EngineConfig(max_seq_len=300).attend_buckets == (128, 300)
+    assert EngineConfig(max_seq_len=160).attend_buckets == (160,)
     with pytest.raises(ValueError, match="min_attend_bucket must be a power of two"):
         EngineConfig(min_attend_bucket=100)

@@ -35,7 +35,8 @@ class EngineConfig:
     a slot that finishes mid-call idles for the rest of that call."""
     min_attend_bucket: int = 128
     """Shortest attention span. Prefill and decode attend over a power-of-two bucket (from
-    this up to max_seq_len) covering the longest sequence in the call, not the whole slot."""
+    this up to max_seq_len / 2, then max_seq_len) covering the longest sequence in the call,
+    not the whole slot."""
     max_stop_ids: int = 8
     """Capacity of the per-slot stop-id table (eos ids + SamplingParams.stop_ids)."""
     max_sequences: int = 65536
@@ -105,10 +106,11 @@ class EngineConfig:
 
     @property
     def attend_buckets(self) -> tuple[int, ...]:
-        """Attention spans kernels compile for: powers of two from min_attend_bucket below
-        max_seq_len, then max_seq_len."""
+        """Attention spans kernels compile for: powers of two from min_attend_bucket up to
+        half of max_seq_len, then max_seq_len (a span above half the slot saves too little
+        to be worth its compilations)."""
         out, b = [], self.min_attend_bucket
-        while b < self.max_seq_len:
+        while 2 * b <= self.max_seq_len:
             out.append(b)
             b *= 2
         return (*out, self.max_seq_len)

@@ -118,6 +118,13 @@ def decode_steps(
     model = _merge(model_def, weights)
     s = tokens_s.shape[0]
     t_max = cache.max_seq_len
+    full, carry_span = cache, num_steps > 1 and attend_len < t_max
+    if carry_span:
+        # The loop carries only the span: on CPU a while_loop carrying the whole cache copied
+        # it every step (8.3 against 4.5 ms per step at max_seq_len 1024 vs 128, same span).
+        # One step needs no loop: it writes into the full cache and reads the span directly.
+        cache = KVCache(tuple(k[:, :, :attend_len] for k in cache.k),
+                        tuple(v[:, :, :attend_len] for v in cache.v))
     out_tok = jnp.zeros((s, num_steps), jnp.int32)
     out_lp = jnp.zeros((s, num_steps), jnp.float32)
     counts = jnp.zeros((s,), jnp.int32)
@@ -130,7 +137,7 @@ def decode_steps(
         i, cache, tok, pos, active, remaining, out_tok, out_lp, counts = carry
         write_pos = jnp.where(active, pos, t_max)
         logits, cache = model.forward_cached(
-            tok[:, None], write_pos[:, None], cache, attend_len=attend_len
+            tok[:, None], write_pos[:, None], cache, attend_len=None if carry_span else attend_len
         )
         new_tok, lp = sample_tokens(logits[:, 0], sampling, pos + 1)
         new_tok = jnp.where(active, new_tok, tok)
@@ -146,6 +153,11 @@ def decode_steps(
     carry = (0, cache, tokens_s, positions_s, active_s, remaining_s, out_tok, out_lp, counts)
     carry = body(carry) if num_steps == 1 else jax.lax.while_loop(cond, body, carry)
     _, cache, _, _, _, _, out_tok, out_lp, counts = carry
+    if carry_span:  # written back in place (the full cache is donated)
+        cache = KVCache(
+            tuple(jax.lax.dynamic_update_slice(f, c, (0, 0, 0, 0)) for f, c in zip(full.k, cache.k)),
+            tuple(jax.lax.dynamic_update_slice(f, c, (0, 0, 0, 0)) for f, c in zip(full.v, cache.v)),
+        )
     return out_tok, out_lp, counts, cache
 
 

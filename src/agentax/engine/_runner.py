@@ -123,8 +123,8 @@ class Runner:
         return jax.device_get((out_tok, out_lp, counts))
 
     def precompile(self) -> None:
-        """Compiles decode at every attention span, and prefill at every (row bucket, chunk
-        bucket) with the shortest span that holds the chunk, on inputs that write nothing."""
+        """Compiles decode at every attention span and prefill at every (row bucket, chunk
+        bucket, span that holds the chunk), on inputs that write nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
         for span in cfg.attend_buckets:
             state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
@@ -136,12 +136,13 @@ class Runner:
                 cfg.decode_steps_per_call, span,
             )
         for r in cfg.prefill_row_buckets:
+            zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
+            sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
             for c in cfg.prefill_buckets:
-                zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
-                sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
-                *_, self.cache = self._timed(
-                    prefill_chunk, self.model_def, self.weights, self.cache,
-                    jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
-                    zeros, sampling, cfg.attend_bucket(c),
-                )
+                for span in (b for b in cfg.attend_buckets if b >= min(c, t_max)):
+                    *_, self.cache = self._timed(
+                        prefill_chunk, self.model_def, self.weights, self.cache,
+                        jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
+                        zeros, sampling, span,
+                    )
         jax.block_until_ready(self.cache)
