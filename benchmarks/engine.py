@@ -28,8 +28,14 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   filled length, greedy argmax, 8 steps per jitted call, prefill not timed). Goal >= 0.8.
 * decode_cost_growth — the same workload on two engines, max_seq_len 1024 and 128: decode
   ms per step (wall time of the run / decode steps) at 1024 over at 128. Goal <= 1.3.
-* tokens_per_s_steps_per_call_N — the lognormal workload at N fused decode steps per call
-  (full run only; alternated), the measurement behind the default.
+* tokens_per_s_steps_N / tokens_per_s_chunk_N — the lognormal workload with N fused decode
+  steps per call / N-token prefill chunks (full run only; alternated rounds), the
+  measurement behind the defaults.
+* kv_bytes_per_token_held, sequences_in_budget_slots / _paged_computed — KV memory per token
+  the workload's sequences really hold in the slot layout, and how many such sequences the
+  same bytes hold as slots vs as 16-token pages (the paged figure is computed, not run).
+* --paging-study — decode step cost of a paged KV cache (16-token pages, block table,
+  gathered pages) over the span-bucket layout, same model and span (docs/engine.md).
 
 Every timed figure is the median of alternating pairs after a warm-up run of the very same
 workload (so the timed part compiles nothing; `timed_compiles` reports it). `*_cpu` figures
@@ -37,7 +43,8 @@ are the same ratios in process CPU time (all threads): steadier than wall time o
 machine, and equal to it when the process has its cores to itself.
 
 `--quick` runs the tiny preset on small workloads (< 1 min on 2 cores); the full run does
-tiny and small and writes benchmarks/results/engine.json. The last line printed is JSON.
+the tiny preset (`--with-small` adds the ~20M one) and writes benchmarks/results/engine.json.
+The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from flax import nnx
 
 from agentax.engine import Engine, EngineConfig
 from agentax.models import ModelConfig, Transformer, save_pretrained
-from agentax.models._layers import attention
+from agentax.models._layers import attention, cached_attention
 from agentax.records import SamplingParams
 
 
@@ -326,23 +333,123 @@ def bench_decode_filled(model, *, batch=32, prompt_len=16, new_tokens=108, pairs
     }
 
 
-def bench_steps_sweep(model, prompts, lengths, slots, chunk, sweep, rounds=2):
-    """Tokens/s of the lognormal workload at each number of fused decode steps (alternated)."""
+def bench_config_sweep(model, prompts, lengths, slots, chunk, sweep, rounds=2):
+    """Tokens/s of the lognormal workload per engine setting (alternated rounds, each after
+    a warm-up run): `steps_N` fuses N decode steps per call, `chunk_N` prefills N-token chunks."""
     params = [SamplingParams(max_tokens=n, seed=i) for i, n in enumerate(lengths)]
-    engines = {n: Engine(model, EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk,
-                                             decode_steps_per_call=n)) for n in sweep}
-    times = {n: [] for n in sweep}
+
+    def config(name):
+        kind, n = name.rsplit("_", 1)
+        kw = dict(max_slots=slots, max_seq_len=288, prefill_chunk=chunk)
+        kw.update({"steps": dict(decode_steps_per_call=int(n)),
+                   "chunk": dict(prefill_chunk=int(n), min_prefill_bucket=16)}[kind])
+        return EngineConfig(**kw)
+
+    engines = {name: Engine(model, config(name)) for name in sweep}
+    times = {name: [] for name in sweep}
     try:
         for eng in engines.values():
             asyncio.run(_continuous(eng, prompts, params))  # warm-up: compiles what runs
         for _ in range(rounds):
-            for n, eng in engines.items():
-                times[n].append(timed(lambda: asyncio.run(_continuous(eng, prompts, params)))[1])
+            for name, eng in engines.items():
+                times[name].append(timed(lambda: asyncio.run(_continuous(eng, prompts, params)))[1])
     finally:
         for eng in engines.values():
             eng.shutdown()
-    return {f"tokens_per_s_steps_per_call_{n}": sum(lengths) / float(np.median(t))
-            for n, t in times.items()}
+    return {f"tokens_per_s_{name}": sum(lengths) / float(np.median(t)) for name, t in times.items()}
+
+
+# ---------------------------------------------------------------------- paging study
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6), donate_argnums=(2, 3))
+def _paged_step(graphdef, state, k_pool, v_pool, tok_b, pos_b, pages, table_bp):
+    """One greedy decode step over a paged KV cache: per-layer pools [P, K, 16, H], a block
+    table [B, pages_per_seq]; attention gathers the first `pages` pages of every row."""
+    model = nnx.merge(graphdef, state)
+    b, page = tok_b.shape[0], k_pool[0].shape[2]
+    positions = pos_b[:, None]
+    x = model.embed_tokens(tok_b[:, None])
+    span = pages * page
+    mask = (jnp.arange(span)[None, :] <= pos_b[:, None])[:, None, :]  # [B, 1, L]
+    blk = jnp.take_along_axis(table_bp, (pos_b // page)[:, None], axis=1)[:, 0]
+    off = pos_b % page
+    new_k, new_v = [], []
+    for layer, block in enumerate(model.layers):
+        attn = block.attn
+        q, kk, vv = attn.qkv(block.attn_norm(x), positions)
+        kp = k_pool[layer].at[blk, :, off].set(kk[:, 0].astype(k_pool[layer].dtype))
+        vp = v_pool[layer].at[blk, :, off].set(vv[:, 0].astype(v_pool[layer].dtype))
+        ids = table_bp[:, :pages]  # [B, pages]
+        kg = kp[ids].transpose(0, 2, 1, 3, 4).reshape(b, kp.shape[1], span, -1)  # [B, K, L, H]
+        vg = vp[ids].transpose(0, 2, 1, 3, 4).reshape(b, vp.shape[1], span, -1)
+        out = cached_attention(q, kg, vg, mask, scale=attn.scale, softcap=attn.softcap)
+        x = block._finish(x, attn.o_proj(out.reshape(b, 1, -1)))
+        new_k.append(kp)
+        new_v.append(vp)
+    nxt = jnp.argmax(model.logits(model.final_norm(x))[:, 0], axis=-1).astype(jnp.int32)
+    return tuple(new_k), tuple(new_v), nxt
+
+
+def paging_study(model, batch=32, filled=120, max_seq_len=1024, steps=64, page=16):
+    """Decode step cost (process CPU ms, 1 step per call, median of interleaved calls): the
+    engine's contiguous head-major cache read over a span bucket vs a paged cache (16-token
+    pages, a block table, pages gathered for attention), both attending over 128 positions."""
+    from agentax.engine._kernels import ModelDef, decode_steps
+    from agentax.engine._sampling import RowSampling
+    from agentax.models import init_cache
+
+    cfg = model.config
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    model_def = ModelDef(graphdef, treedef)
+    cache = init_cache(cfg, batch, max_seq_len)
+    st = jnp.asarray(np.stack([np.ones(batch, np.int32), np.full(batch, filled, np.int32),
+                               np.ones(batch, np.int32), np.full(batch, 1 << 20, np.int32)]))
+    samp = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
+                       jnp.zeros(batch, jnp.uint32))
+    stop = jnp.full((batch, 8), -1, jnp.int32)
+    per_seq = max_seq_len // page
+    pool_shape = (batch * per_seq, cfg.num_kv_heads, page, cfg.head_dim)
+    k_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    v_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
+                        .reshape(batch, per_seq).astype(np.int32))
+    tok, pos = jnp.ones(batch, jnp.int32), jnp.full(batch, filled, jnp.int32)
+    span = 128
+    times = {"bucket": [], "paged": []}
+    for i in range(steps + 2):
+        c = time.process_time()
+        *out, cache = decode_steps(model_def, leaves, cache, st, samp, stop, 1, span)
+        jax.block_until_ready(out)
+        if i >= 2:
+            times["bucket"].append(time.process_time() - c)
+        c = time.process_time()
+        k_pool, v_pool, tok = _paged_step(graphdef, state, k_pool, v_pool, tok, pos, span // page,
+                                          table)
+        jax.block_until_ready(tok)
+        if i >= 2:
+            times["paged"].append(time.process_time() - c)
+    bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+    return {"paging_study_bucket_ms": bucket, "paging_study_paged_ms": paged,
+            "paged_over_bucket_cost": paged / bucket}
+
+
+def memory_figures(engine, prompts, lengths, page=16):
+    """KV bytes per token held, and sequences that fit the engine's KV budget, for the
+    workload's final sequence lengths: the slot layout (every sequence holds max_seq_len
+    positions) against a paged layout of 16-token pages (computed, not implemented)."""
+    cfg = engine.config
+    per_token = engine.kv_cache_bytes / (cfg.max_slots * cfg.max_seq_len)
+    held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
+    paged = np.ceil(held / page) * page
+    return {
+        "kv_bytes_per_token_held": per_token * cfg.max_seq_len / float(held.mean()),
+        "kv_bytes_per_token": per_token,
+        "sequences_in_budget_slots": cfg.max_slots,
+        "sequences_in_budget_paged_computed": int(engine.kv_cache_bytes // (per_token * paged.mean())),
+        "mean_sequence_tokens": float(held.mean()),
+    }
 
 
 async def _episode(engine, rng_seed, turns, continuation, tool_latency):
@@ -408,29 +515,39 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
         out.update(bench_episodes(engine, episodes))
         out["compiles"] = engine.num_compiles
         out["kv_cache_bytes"] = engine.kv_cache_bytes
+        out.update(memory_figures(engine, prompts, lengths))
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
     if steps_sweep:
-        out.update(bench_steps_sweep(model, prompts, lengths, slots, chunk, steps_sweep))
+        out.update(bench_config_sweep(model, prompts, lengths, slots, chunk, steps_sweep))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
+    parser.add_argument("--with-small", action="store_true",
+                        help="full run: also the ~20M preset (adds ~15 min on 2 cores)")
+    parser.add_argument("--paging-study", action="store_true",
+                        help="only compare a paged KV cache with span buckets (docs/engine.md)")
     args = parser.parse_args()
+    if args.paging_study:
+        model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
+        print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))
+        return
     if args.quick:
         # Chunk 32 (one chunk bucket), a short workload, several alternating pairs.
         plan = {"tiny": dict(slots=16, requests=96, hf_requests=0, episodes=8, steps_sweep=(),
                              repeats=3, chunk=32, filled_pairs=3)}
     else:
-        plan = {
-            "tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
-                         steps_sweep=(1, 4, 8, 16), repeats=3, filled_pairs=5),
+        plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
+                             steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",
+                                          "chunk_16", "chunk_32", "chunk_128"),
+                             repeats=3, filled_pairs=5)}
+        if args.with_small:
             # One pair: a small-preset decode step is ~150 ms on the shared CPU.
-            "small": dict(slots=32, requests=256, hf_requests=64, episodes=64, steps_sweep=(),
-                          repeats=1, filled_pairs=0),
-        }
+            plan["small"] = dict(slots=32, requests=256, hf_requests=64, episodes=64,
+                                 steps_sweep=(), repeats=1, filled_pairs=0)
     results = {}
     for name, kw in plan.items():
         t = time.perf_counter()
