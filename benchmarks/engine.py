@@ -340,7 +340,7 @@ def bench_config_sweep(model, prompts, lengths, slots, chunk, sweep, rounds=2):
 
     def config(name):
         kind, n = name.rsplit("_", 1)
-        kw = dict(max_slots=slots, max_seq_len=288, prefill_chunk=chunk)
+        kw = dict(max_slots=slots, max_seq_len=288, prefill_chunk=chunk, precompile=True)
         kw.update({"steps": dict(decode_steps_per_call=int(n)),
                    "chunk": dict(prefill_chunk=int(n), min_prefill_bucket=16)}[kind])
         return EngineConfig(**kw)
@@ -493,9 +493,12 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
 
 
 def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats, chunk=64,
-               filled_pairs=3):
+               filled_pairs=3, min_chunk=16):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
-    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk)
+    # precompile: every shape the traffic may meet (which row/span buckets a run meets
+    # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
+    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk,
+                          min_prefill_bucket=min_chunk, precompile=True)
     rng = np.random.default_rng(0)
     out = {}
     with Engine(model, config) as engine:
@@ -537,8 +540,9 @@ def main() -> None:
         return
     if args.quick:
         # Chunk 32 (one chunk bucket), a short workload, several alternating pairs.
-        plan = {"tiny": dict(slots=16, requests=96, hf_requests=0, episodes=8, steps_sweep=(),
-                             repeats=3, chunk=32, filled_pairs=3)}
+        # One chunk bucket (32) keeps precompiling short: 6 row x 2 span prefill shapes.
+        plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
+                             repeats=3, chunk=32, min_chunk=32, filled_pairs=3)}
     else:
         plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
                              steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",
