@@ -5,8 +5,8 @@
 sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions.
 See docs/engine.md.
 
-The config, stats and error types import no JAX; `Engine` and the sampling functions load
-JAX on first use (so the host-side scheduler and its tests stay JAX-free).
+The config, stats and error types import no JAX; `Engine` loads JAX on first use (so the
+host-side scheduler and its tests stay JAX-free).
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ from agentax.engine._requests import EngineClosed, EngineError, PromptTooLong, S
 if TYPE_CHECKING:
     from agentax.engine._compilation import enable_compilation_cache
     from agentax.engine._engine import Engine
-    from agentax.engine._sampling import RowSampling, sample_tokens
 
 _LAZY = {
     "Engine": "agentax.engine._engine",
-    "RowSampling": "agentax.engine._sampling",
-    "sample_tokens": "agentax.engine._sampling",
     "enable_compilation_cache": "agentax.engine._compilation",
 }
 
@@ -36,10 +33,8 @@ __all__ = [
     "EngineError",
     "EngineStats",
     "PromptTooLong",
-    "RowSampling",
     "SequenceError",
     "enable_compilation_cache",
-    "sample_tokens",
 ]
 
 
