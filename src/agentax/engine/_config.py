@@ -44,9 +44,10 @@ class EngineConfig:
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
-    """Compile every prefill shape (row bucket x chunk bucket) and the decode kernel when the
-    engine starts, in its step thread (requests queue meanwhile), so that no request waits
-    for a compilation later. Off: shapes compile the first time traffic needs them."""
+    """Compile every kernel shape (decode per attention span; prefill per row bucket x chunk
+    bucket x span) when the engine starts, in its step thread (requests queue meanwhile), so
+    that no request waits for a compilation later. Off: shapes compile the first time traffic
+    needs them."""
     idle_wait_s: float = 0.05
     """How long the step thread sleeps when there is nothing to do (it is woken on new work)."""
 
