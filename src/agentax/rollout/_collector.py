@@ -125,8 +125,11 @@ class Collector:
         self, task: Task, seed: int, group_id: str, sample_index: int, flow: int
     ) -> Trajectory:
         cfg = self.config
+        made = self.env_factory()
+        if hasattr(made, "drive_episode"):
+            return await self._run_driven(made, task, seed, group_id, sample_index, flow)
         agent = self.agent_factory()
-        env: Environment = ensure_async_env(self.env_factory())
+        env: Environment = ensure_async_env(made)
         builder = TrajectoryBuilder(
             self.tokenizer, tools=agent.tools, task_id=task.id,
             stop_ids=self.sampling.stop_ids, template_kwargs=self.template_kwargs,
@@ -162,6 +165,50 @@ class Collector:
         return builder.build(
             state.reward, state.status, sample_index=sample_index, group_id=group_id,
             timings=timings, info=info,
+        )
+
+    async def _run_driven(
+        self, env: Any, task: Task, seed: int, group_id: str, sample_index: int, flow: int
+    ) -> Trajectory:
+        """An environment that calls the model itself (a black-box agent behind the OpenAI
+        endpoint, `agentax.serve.OpenAIAgentEnvironment`) runs the episode within this
+        collector's limits and sampling; the reward stage, cleanup and status are the same."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        params = dataclasses.replace(self.sampling, seed=seed)
+        try:
+            # drive_episode enforces episode_timeout_s itself and returns what it recorded;
+            # the margin here only guards against an environment that ignores it.
+            traj = await asyncio.wait_for(
+                env.drive_episode(self.engine, self.tokenizer, task, sampling=params, config=cfg,
+                                  template_kwargs=self.template_kwargs),
+                cfg.episode_timeout_s + cfg.close_timeout_s,
+            )
+        except TimeoutError:
+            traj = TrajectoryBuilder(self.tokenizer).build(
+                0.0, TrajectoryStatus.TIMEOUT, task_id=task.id, info={"reason": "episode_timeout"})
+        except asyncio.CancelledError:
+            await self._cleanup(ensure_async_env(env), _EpisodeState())
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken driver is a typed status
+            traj = TrajectoryBuilder(self.tokenizer).build(
+                0.0, TrajectoryStatus.ENV_ERROR, task_id=task.id,
+                info={"reason": type(e).__name__, "error": str(e)[:500]})
+        state = _EpisodeState(status=traj.status, reward=traj.reward)
+        await self._cleanup(ensure_async_env(env), state)
+        if state.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and self.reward_fn:
+            with self.tracer.span(names.REWARD):
+                try:
+                    state.reward += await compute_reward(
+                        self.reward_fn, task, str(traj.info.get("final_answer", "")),
+                        timeout_s=cfg.reward_timeout_s)
+                except EnvError as e:
+                    state.fail(e.status, e.kind, str(e))
+        return dataclasses.replace(
+            traj, reward=state.reward, status=state.status, group_id=group_id,
+            sample_index=sample_index,
+            timings={"episode_s": time.perf_counter() - t0, **traj.timings},
+            info={**traj.info, "flow_id": flow, **state.info},
         )
 
     async def _loop(self, task, seed, agent, env, builder, state) -> None:
