@@ -66,6 +66,7 @@ class DecodePlan:
 
 
 def _unresolved(req: _Request, *, result: Any = None, exc: BaseException | None = None) -> None:
+    """The default `resolve`: keeps the outcome on the request (no event loop involved)."""
     req.result, req.error = result, exc
 
 
