@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from flax import nnx
 
 from agentax.cli._config import DEMO_MODEL, RunConfig
 from agentax.config import ConfigError, replace
-from agentax.engine import Engine
+from agentax.engine import Engine, enable_compilation_cache
 from agentax.models import ModelConfig, Transformer, load_pretrained, read_hf_config
 from agentax.records import Message, Task
 from agentax.text import load_tokenizer
@@ -95,7 +96,14 @@ def load_run_model(run_dir: str | Path, cfg: RunConfig) -> Transformer:
 
 
 def build_model(cfg: RunConfig) -> Transformer:
-    """The starting policy: a checkpoint (init.model_path / init.from_run) or a fresh model."""
+    """The starting policy: a checkpoint (init.model_path / init.from_run) or a fresh model.
+
+    Also switches on JAX's persistent compilation cache (`$AGENTAX_COMPILATION_CACHE`, default
+    ~/.cache/agentax/jax; empty = off), so a second run or a resume does not recompile.
+    """
+    cache_dir = os.environ.get("AGENTAX_COMPILATION_CACHE", "~/.cache/agentax/jax")
+    if cache_dir:
+        enable_compilation_cache(cache_dir)
     if cfg.init.model_path is not None:
         return load_pretrained(cfg.init.model_path, dtype=cfg.init.dtype)
     if cfg.init.from_run is not None:

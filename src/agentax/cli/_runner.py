@@ -209,6 +209,9 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
                                int(state.get("next_group", 0))))
         finally:
             if engine is not None:
+                stats = engine.stats()  # start-up cost: compiling, and the first decode call
+                rep.timings["engine_compile_s"] = round(stats.compile_s, 2)
+                rep.timings["engine_first_step_s"] = stats.first_step_s
                 engine.shutdown()
         summary["wall_s"] = rep.elapsed()
         summary["timings"] = rep.timings
