@@ -5,6 +5,10 @@ engine (continuing the same engine sequence between turns, so only new tokens ar
 let the agent parse the reply into an action, step the environment, repeat until done. Many
 episodes run at once; the engine batches their model calls, environment work overlaps.
 
+An environment reports per-episode numbers of its own (a solved flag, a distance, tool use) as
+`StepResult.info["metrics"]`, a mapping of names to numbers; they end up in
+`Trajectory.info["metrics"]`, where `agentax train` aggregates them.
+
 Every wait on the outside world is bounded (model call, reset/step via the environment's own
 limits, close, reward, the whole episode). Whatever happens, an episode returns a
 `Trajectory` with a typed status, releases its engine sequence and closes its environment.
@@ -52,7 +56,9 @@ class CollectorConfig:
     episode_timeout_s: float = 600.0
     """Limit for a whole episode."""
     close_timeout_s: float = 10.0
-    """Limit for closing an environment."""
+    """Backstop limit for closing an environment. Deliberately separate from the environment's
+    own `Environment.close_timeout_s` (set by the environment's author, per environment class):
+    this one also bounds environments that do not subclass `Environment`."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_episode_tokens"):
@@ -251,6 +257,7 @@ class Collector:
                 state.add_time("env_s", t)
             builder.record_step(action, result)
             state.reward += float(result.reward)
+            state.add_metrics(result.info.get("metrics"))
             if result.done:
                 if result.truncated:
                     state.status, state.reason = TrajectoryStatus.TRUNCATED, "env_truncated"
@@ -292,6 +299,13 @@ class _EpisodeState:
         self.status, self.reason = status, reason
         if message:
             self.info["error"] = message[:500]
+
+    def add_metrics(self, metrics: Any) -> None:
+        """An environment's per-episode numbers from `StepResult.info["metrics"]` (a later step's
+        value of a name replaces an earlier one); they reach `Trajectory.info["metrics"]`."""
+        if metrics:
+            self.info.setdefault("metrics", {}).update(
+                {str(k): float(v) for k, v in dict(metrics).items()})
 
     def add_time(self, key: str, start: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
