@@ -1,4 +1,4 @@
-"""The `agentax` command: train | sft | eval | doctor | export | config."""
+"""The `agentax` command: train | sft | eval | doctor | export | serve | config."""
 
 from __future__ import annotations
 
@@ -111,14 +111,16 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from agentax.cli._build import load_run_model
+    from agentax.cli._build import build_tokenizer, load_run_model
     from agentax.cli._rundir import run_config
     from agentax.models import save_pretrained
 
     cfg = run_config(args.run_dir)
     model = load_run_model(args.run_dir, cfg)
-    save_pretrained(model, args.out)
-    _copy_tokenizer(cfg, Path(args.out))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _copy_tokenizer(cfg, out)  # first: save_pretrained adds the token ids to generation_config
+    save_pretrained(model, out, tokenizer=build_tokenizer(cfg))
     print(f"exported {args.run_dir} -> {args.out} (Hugging Face safetensors)")
     return 0
 
@@ -186,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("out")
     p.set_defaults(fn=_cmd_export)
+    from agentax.cli._serve import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     p = sub.add_parser("config", help="print the resolved config (YAML) or the recipe names")
     p.add_argument("args", nargs="*", metavar="[CONFIG] [section.field=value ...]")
     p.add_argument("--recipes", action="store_true", help="list the shipped recipes")
