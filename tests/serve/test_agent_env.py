@@ -57,7 +57,7 @@ def test_budget_timeout_reward_fn_and_agent_errors(recording, tok):
 
     async def slow(client, task):
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-        await asyncio.sleep(30)
+        await asyncio.sleep(120)
 
     async def broken(client, task):
         raise KeyError("oops")
@@ -65,17 +65,18 @@ def test_budget_timeout_reward_fn_and_agent_errors(recording, tok):
     async def silent(client, task):
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
-    fast = CollectorConfig(max_turns=3, max_episode_tokens=400, model_timeout_s=300, episode_timeout_s=3)
+    capped = CollectorConfig(max_turns=3, max_episode_tokens=400, model_timeout_s=300, episode_timeout_s=600)
+    short = CollectorConfig(max_turns=3, max_episode_tokens=400, model_timeout_s=300, episode_timeout_s=8)
 
     async def main():
         out = {}
-        for name, env in [
-            ("chatty", lambda: OpenAIAgentEnvironment(chatty)),
-            ("slow", lambda: OpenAIAgentEnvironment(slow)),
-            ("broken", lambda: OpenAIAgentEnvironment(broken)),
-            ("silent", lambda: OpenAIAgentEnvironment(silent, reward_fn=lambda t, a: 2.0)),
+        for name, env, cfg in [
+            ("chatty", lambda: OpenAIAgentEnvironment(chatty), capped),
+            ("slow", lambda: OpenAIAgentEnvironment(slow), short),
+            ("broken", lambda: OpenAIAgentEnvironment(broken), capped),
+            ("silent", lambda: OpenAIAgentEnvironment(silent, reward_fn=lambda t, a: 2.0), capped),
         ]:
-            out[name] = await collector(recording, tok, env, cfg=fast).run_episode(TASK, seed=1)
+            out[name] = await collector(recording, tok, env, cfg=cfg).run_episode(TASK, seed=1)
         return out
 
     out = asyncio.run(main())

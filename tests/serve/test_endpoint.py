@@ -13,7 +13,7 @@ import openai
 import pytest
 from conftest import ScriptedEngine
 
-from agentax.records import TrajectoryStatus
+from agentax.records import SamplingParams, TrajectoryStatus
 from agentax.serve import ChatServer
 
 CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluates arithmetic.",
@@ -69,19 +69,23 @@ def test_plain_call_records_engine_ids_exactly(recording, tok):
 
 def test_continuation_feeds_only_new_tokens_and_rewrite_breaks(recording, tok):
     async def main():
-        async with ChatServer(recording, tok) as server:
-            c = client(server)
+        async with ChatServer(recording, tok, open_sessions=False) as server:
+            # a training session (the run's sampling), reached by its base-URL path
+            session = server.open_session(sampling=SamplingParams(max_tokens=6, seed=1))
+            c = openai.AsyncOpenAI(base_url=server.session_url(session), api_key="unused", max_retries=0)
+            with pytest.raises(openai.NotFoundError):  # no session behind an unknown key
+                await client(server).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
             msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"}]
             r1 = await c.chat.completions.create(model="m", messages=msgs, max_tokens=6, seed=1)
             msgs += [r1.choices[0].message.model_dump(exclude_none=True),
                      {"role": "user", "content": [{"type": "text", "text": "Two"}]}]
             await c.chat.completions.create(model="m", messages=msgs, max_tokens=6, seed=1)
-            mid = server.session("k1").trajectory(0.0, TrajectoryStatus.OK)
+            mid = session.trajectory(0.0, TrajectoryStatus.OK)
             # a rewrite: the agent drops the first exchange
             await c.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "Three"}], max_tokens=6, seed=1)
             await c.close()
-            return mid, server.session("k1")
+            return mid, session
 
     mid, session = run(main())
     (p1, s1, c1), (p2, s2, c2), (p3, s3, c3) = recording.calls

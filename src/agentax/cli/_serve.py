@@ -36,7 +36,7 @@ def load_for_serving(source: str, *, max_seq_len: int | None = None, max_slots: 
         tokenizer = build_tokenizer(cfg)
         model = load_run_model(path, cfg)
         engine = build_engine(replace(cfg, engine=engine_cfg), model, tokenizer)
-        return engine, tokenizer, cfg.agent.tool_format, path.name
+        return engine, tokenizer, _run_tool_format(cfg), path.name
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{source} has neither config.yaml (run directory) nor config.json "
                                 "(Hugging Face model directory)")
@@ -52,6 +52,13 @@ def load_for_serving(source: str, *, max_seq_len: int | None = None, max_slots: 
     engine = Engine(model, EngineConfig(max_slots=max_slots or 16, max_seq_len=max_seq_len or 2048),
                     eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
     return engine, tokenizer, tool_format, path.name
+
+
+def _run_tool_format(cfg: Any) -> str:
+    """The tool-call format a run's agent was configured with (its own field, or its kwargs)."""
+    agent = cfg.agent
+    fmt = getattr(agent, "tool_format", None) or dict(getattr(agent, "kwargs", None) or {}).get("tool_format")
+    return fmt or "hermes"
 
 
 def serve(source: str, *, host: str = "127.0.0.1", port: int = 8000, max_seq_len: int | None = None,

@@ -192,8 +192,11 @@ class Session:
         if self._builder is not None and self._builder.num_tokens:
             t = self._builder.build(0.0, TrajectoryStatus.OK)
             if t.num_generated:
-                self._earlier.append({"token_ids": t.token_ids, "loss_mask": t.loss_mask,
-                                      "logprobs": t.logprobs, "versions": t.versions})
+                # A serving session (no episode end) only counts its breaks: kept arrays would
+                # grow without bound over a long-lived key.
+                if self.sampling is not None:
+                    self._earlier.append({"token_ids": t.token_ids, "loss_mask": t.loss_mask,
+                                          "logprobs": t.logprobs, "versions": t.versions})
                 self._counts["segment_breaks"] += 1
         self._builder, self._expected = None, None
 
@@ -293,7 +296,7 @@ class Session:
                    ) -> Trajectory:
         """The session as a `Trajectory`: its last segment, earlier segments in `info`."""
         builder = self._builder or TrajectoryBuilder(self.tokenizer)
-        out = {**self._counts, "segments": len(self._earlier) + (1 if self._builder else 0),
+        out = {**self._counts, "segments": self._counts["segment_breaks"] + (1 if self._builder else 0),
                "final_answer": self.final_answer, **(info or {})}
         if self.truncated:
             out["truncated"] = self.truncated
