@@ -15,10 +15,11 @@ import ast
 import operator
 from typing import Any
 
+from agentax.recipes import calculator as _native
 from agentax.recipes._calculator import calculator_reward
 from agentax.serve import OpenAIAgentEnvironment
 
-__all__ = ["CALCULATOR_TOOL", "calculator_agent", "make_env"]
+__all__ = ["CALCULATOR_TOOL", "calculator_agent", "demos", "make_agent", "make_env", "tasks"]
 
 CALCULATOR_TOOL = {
     "type": "function",
@@ -77,3 +78,16 @@ def make_env(**kwargs: Any) -> OpenAIAgentEnvironment:
     """The SDK agent as an environment; the reward is the calculator's exact-number check on
     its last reply without a tool call."""
     return OpenAIAgentEnvironment(calculator_agent, reward_fn=calculator_reward, **kwargs)
+
+
+def make_agent(**kwargs: Any):
+    """Not an agent of the episodes (the SDK agent is its own): it tells the warm start which
+    tool list to render the demonstrations with, the one the SDK agent sends."""
+    return _native.make_agent(list_tools=True, **kwargs)
+
+
+tasks = _native.tasks
+"""The calculator demo's questions (training and held-out)."""
+
+demos = _native.demos
+"""The calculator demo's sloppy demonstrator."""
