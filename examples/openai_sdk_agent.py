@@ -5,7 +5,7 @@ tool loop: `client.chat.completions.create(..., tools=[calculator])`, run the ca
 results, stop at an answer. `OpenAIAgentEnvironment` points its `client` at the engine's own
 endpoint (one session per episode) and hands the collector each episode as a token-exact
 trajectory; the rest is the ordinary pipeline. With the warm start and held-out evaluation,
-`agentax train calculator_openai` is the same run (docs/openai.md has its numbers).
+`agentax train openai_calculator` is the same run (docs/openai.md has its numbers).
 
 Run: python examples/openai_sdk_agent.py [--steps N]
 """

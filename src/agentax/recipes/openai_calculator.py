@@ -4,7 +4,7 @@
 function, runs the calls the model makes with its own arithmetic, sends the results back, and
 stops at the first reply without a tool call. Nothing in it knows about agentax; `make_env`
 wraps it in an `OpenAIAgentEnvironment`, which points its `client` at the engine's endpoint
-and records each episode token-exactly. `calculator_openai.yaml` trains it with `agentax train`
+and records each episode token-exactly. `openai_calculator.yaml` trains it with `agentax train`
 (see docs/openai.md); its prompts list the tool, so its warm start renders demonstrations with
 the same tool list (`agent.kwargs.list_tools: true`).
 """
