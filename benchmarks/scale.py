@@ -39,7 +39,8 @@ from agentax.envs import ensure_async_env
 from agentax.models import ModelConfig, Transformer
 from agentax.records import Action, SamplingParams, Task
 from agentax.rollout import Collector, CollectorConfig
-from agentax.scale import RayEnvPool, require_ray
+from agentax.scale import RayEnvPool
+from agentax.scale._ray import require_ray
 from agentax.scale.testing import SleepyEnv
 from agentax.text import ByteTokenizer
 

@@ -19,3 +19,21 @@ from agentax.records import (
 )
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Action",
+    "Completion",
+    "FinishReason",
+    "Group",
+    "Message",
+    "Observation",
+    "SamplingParams",
+    "StepResult",
+    "Task",
+    "ToolCall",
+    "ToolCallError",
+    "ToolResult",
+    "Trajectory",
+    "TrajectoryStatus",
+    "Turn",
+]

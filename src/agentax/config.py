@@ -15,9 +15,14 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "check_values", "from_dict", "to_dict", "replace"]
+__all__ = ["ConfigError", "check_values", "from_dict", "frozen", "to_dict", "replace"]
 
 T = TypeVar("T")
+
+
+def frozen(cls: type[T]) -> type[T]:
+    """Class decorator: the frozen, keyword-only dataclass that every agentax config and record is."""
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
 
 
 class ConfigError(ValueError):

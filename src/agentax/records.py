@@ -1,9 +1,9 @@
 """Core records shared by every layer: what flows along agentax's data path.
 
-These are plain frozen, keyword-only dataclasses (DESIGN.md, "Core records"). They sit at the
+These are plain frozen, keyword-only dataclasses (docs/design.md, "Records"). They sit at the
 bottom layer so that environments, agents, the engine, the collector and the trainer can all
-speak them without importing each other. `Batch` (device arrays for one micro-batch) lives in
-`agentax.train`, next to the code that builds it.
+speak them without importing each other. Device arrays for one micro-batch are not records:
+they stay private to `agentax.train`, next to the code that builds them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from agentax.config import frozen
 
 __all__ = [
     "Action",
@@ -34,14 +36,10 @@ __all__ = [
 ]
 
 
-def _frozen(cls):
-    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-
-
 # ----------------------------------------------------------------------------- generation
 
 
-@_frozen
+@frozen
 class SamplingParams:
     """How the engine samples one request."""
 
@@ -82,7 +80,7 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
-@_frozen
+@frozen
 class Completion:
     """One model call's result: generated ids with their logprobs and policy versions."""
 
@@ -110,7 +108,7 @@ class Completion:
 # ----------------------------------------------------------------------------- interaction
 
 
-@_frozen
+@frozen
 class ToolCall:
     """A parsed, well-formed tool call from a model reply."""
 
@@ -129,7 +127,7 @@ class ToolCall:
         return out
 
 
-@_frozen
+@frozen
 class ToolCallError:
     """A tool call that could not be parsed; `message` says what was wrong."""
 
@@ -137,7 +135,7 @@ class ToolCallError:
     message: str
 
 
-@_frozen
+@frozen
 class ToolResult:
     """The output of one executed tool call."""
 
@@ -150,7 +148,7 @@ class ToolResult:
     elapsed_s: float = 0.0
 
 
-@_frozen
+@frozen
 class Message:
     """One chat message; `to_dict` gives the form chat templates expect."""
 
@@ -171,7 +169,7 @@ class Message:
         return out
 
 
-@_frozen
+@frozen
 class Task:
     """One unit of work handed to `Environment.reset`: a question, a level, a repository..."""
 
@@ -181,7 +179,7 @@ class Task:
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-@_frozen
+@frozen
 class Observation:
     """What an environment shows the agent.
 
@@ -197,7 +195,7 @@ class Observation:
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-@_frozen
+@frozen
 class Action:
     """What an agent hands the environment after parsing a model reply."""
 
@@ -211,7 +209,7 @@ class Action:
     """An environment-specific parsed action (e.g. an int for a Gymnasium Discrete space)."""
 
 
-@_frozen
+@frozen
 class StepResult:
     """What `Environment.step` returns."""
 
@@ -239,7 +237,7 @@ class TrajectoryStatus(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-@_frozen
+@frozen
 class Turn:
     """One model call inside an episode and what the environment answered."""
 
@@ -252,7 +250,7 @@ class Turn:
     env_time_s: float = 0.0
 
 
-@_frozen
+@frozen
 class Trajectory:
     """A whole episode as one token stream plus what is needed to train on it.
 
@@ -291,7 +289,7 @@ class Trajectory:
         return int(self.loss_mask.sum())
 
 
-@_frozen
+@frozen
 class Group:
     """The N trajectories of one task, released together (GRPO needs all of them)."""
 

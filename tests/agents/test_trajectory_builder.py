@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentax.agents import ModelAgent, ToolAgent, TrajectoryBuilder, decode_reply
+from agentax.agents import ModelAgent, ToolAgent, TrajectoryBuilder
+from agentax.agents._trajectory import decode_reply
 from agentax.agents.testing import ScriptedModel
 from agentax.records import (
     Completion,

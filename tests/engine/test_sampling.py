@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentax.engine import RowSampling, sample_tokens
+from agentax.engine._sampling import RowSampling, sample_tokens
 
 B = 2048
 sample = jax.jit(sample_tokens)

@@ -8,9 +8,8 @@ import json
 import pytest
 
 from agentax.agents import SWEAgent, ToolAgent
-from agentax.agents.testing import ScriptedModel
 from agentax.envs import SWE_REPOS, CodeEnvironment, SWEEnvironment, swe_tasks
-from agentax.records import Action, Task, ToolCall
+from agentax.records import Action, Task, ToolCall, TrajectoryStatus
 from agentax.tools import SandboxConfig, SandboxUnavailableError, check_sandbox_available
 
 try:
@@ -39,11 +38,11 @@ BASH_TASK = Task(
 
 def test_bash_task_scored_from_sandbox_state(episode):
     env = CodeEnvironment(check=count_file_is("3"), tools=("bash",), sandbox_config=SandboxConfig(timeout_s=5))
-    model = ScriptedModel([call("bash", command="wc -l < data.txt > count.txt && cat count.txt"), "Done."])
+    replies = [call("bash", command="wc -l < data.txt > count.txt && cat count.txt"), "Done."]
     agent = ToolAgent([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}])
-    total, last, err = episode(env, agent, model, BASH_TASK)
-    assert err is None and total == 1.0
-    assert model.prompts[1][-1].content.strip() == "3"
+    traj, last, engine = episode(env, agent, replies, BASH_TASK)
+    assert traj.status is TrajectoryStatus.OK and traj.reward == 1.0 and engine.calls == 2
+    assert [m.content.strip() for m in agent.messages if m.role == "tool"] == ["3"]
     assert env.sandbox is None  # closed with the episode
 
 
@@ -76,7 +75,7 @@ def test_code_environment_needs_one_scorer():
 def test_swe_agent_fixes_a_repository(episode):
     (task,) = swe_tasks(["intervals"])
     path, old, new = SWE_REPOS["intervals"]["fix"]
-    model = ScriptedModel(
+    replies = (
         [
             call("search", pattern="def merge"),
             call("read_file", path="intervals.py"),
@@ -91,8 +90,8 @@ def test_swe_agent_fixes_a_repository(episode):
     assert {t["function"]["name"] for t in agent.tools} == {
         "list_files", "read_file", "search", "write_file", "replace_in_file", "run_tests"
     }
-    total, last, err = episode(env, agent, model, task)
-    assert err is None and total == 1.0 and last.info["tests_passed"]
+    traj, last, _ = episode(env, agent, replies, task)
+    assert traj.status is TrajectoryStatus.OK and traj.reward == 1.0 and last.info["tests_passed"]
     seen = [m.content for m in agent.messages if m.role == "tool"]
     assert "intervals.py:4:def merge" in seen[0] and "start < merged" in seen[1]
     assert "1 failed" in seen[2] and "3 passed" in seen[4]

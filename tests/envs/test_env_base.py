@@ -245,7 +245,7 @@ def test_sync_env_runs_on_its_own_thread():
     assert threading.main_thread().ident not in inner.threads and len(inner.threads) == 1
 
 
-def test_hung_sync_env_does_not_block_the_loop():
+def test_hung_sync_env_leaves_the_event_loop_free():
     inner = SyncCounter(sleep_s=1.0)
     env = ensure_async_env(inner)  # picks up step_timeout_s = 0.2 from the object
 

@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 
 from agentax.agents import FrozenLakeAgent, ModelAgent
-from agentax.agents.testing import ScriptedModel
-from agentax.envs import (
-    TAXI_ACTIONS,
-    EnvError,
-    GymnasiumEnvironment,
-    make_frozen_lake,
-    make_taxi,
-    parse_frozen_lake_action,
-    parse_taxi_action,
-)
+from agentax.envs import EnvError, GymnasiumEnvironment, make_frozen_lake, make_taxi
+from agentax.envs._gym import TAXI_ACTIONS, parse_frozen_lake_action, parse_taxi_action
 from agentax.records import Action, Task, TrajectoryStatus
 
 
@@ -53,28 +45,27 @@ def test_taxi_parser(text, expected):
 def test_frozen_lake_custom_agent_reaches_goal(episode):
     # 4x4 non-slippery map: S FFF / F H F H / F F F H / H F F G
     replies = ["Action: down", "I go D", "move right", "2", "<action>down</action>", "Right!"]
-    model = ScriptedModel(replies)
     agent = FrozenLakeAgent()
     env = make_frozen_lake()
-    total, last, err = episode(env, agent, model, Task(id="fl", meta={"seed": 0}))
-    assert err is None and last.done and not last.truncated
-    assert total == 1.0 and model.calls == 6
-    assert "P" in model.prompts[0][-1].content and "Which way" in model.prompts[0][-1].content
+    traj, last, engine = episode(env, agent, replies, Task(id="fl", meta={"seed": 0}))
+    assert traj.status is TrajectoryStatus.OK and last.done and not last.truncated
+    assert traj.reward == 1.0 and engine.calls == 6
+    first = agent.messages[1]  # what the model saw first: the map and the question
+    assert first.role == "user" and "P" in first.content and "Which way" in first.content
     assert agent.messages[0].role == "system" and "FrozenLake" in agent.messages[0].content
 
 
 def test_invalid_action_is_feedback_not_crash(episode):
     env = make_frozen_lake(max_steps=3)
     agent = FrozenLakeAgent()
-    model = ScriptedModel(["I refuse", "jump", "fly"])
-    total, last, err = episode(env, agent, model, Task(id="fl"))
-    assert err is None
+    traj, last, _ = episode(env, agent, ["I refuse", "jump", "fly"], Task(id="fl"))
+    assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "env_truncated"
     assert last.truncated and last.done and last.info["invalid_action"]
     assert env.invalid_actions == 3 and agent.stats["invalid_actions"] == 3
     # the feedback names the problem and the valid actions, and shows the unchanged grid
     fb = agent.messages[-2].content
     assert "Invalid action" in fb and "left, down, right, up" in fb and fb.count("P") >= 1
-    assert total == 0.0
+    assert traj.reward == 0.0
 
 
 def _taxi_plan(env: gym.Env, state: int) -> list[int]:
@@ -104,9 +95,9 @@ def test_taxi_solved_through_text(episode):
     plan = _taxi_plan(env.gym_env, int(first.raw))
     assert "T" in first.content and "destination" in first.content
     replies = [f"I will {TAXI_ACTIONS[a]}." for a in plan]
-    total, last, err = episode(make_taxi(), ModelAgent(), ScriptedModel(replies), Task(id="taxi", meta={"seed": 3}))
-    assert err is None and last.done and not last.truncated
-    assert total == pytest.approx(20 - (len(plan) - 1))
+    traj, last, _ = episode(make_taxi(), ModelAgent(), replies, Task(id="taxi", meta={"seed": 3}))
+    assert traj.status is TrajectoryStatus.OK and last.done and not last.truncated
+    assert traj.reward == pytest.approx(20 - (len(plan) - 1))
 
 
 def test_generic_wrapper_default_parser_and_action_value():

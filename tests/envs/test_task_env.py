@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from agentax.agents import ModelAgent
-from agentax.agents.testing import ScriptedModel
 from agentax.envs import EnvError, TaskEnvironment
 from agentax.records import Action, Task, TrajectoryStatus
 from agentax.rewards import math_verify
@@ -19,8 +18,8 @@ TASK = Task(id="m1", prompt="What is 3/4 + 1/4 + 1,000?", answer="1001")
 @pytest.mark.parametrize("reply, reward", [("So the answer is \\boxed{1,001}.", 1.0), ("\\boxed{1000}", 0.0)])
 def test_math_single_turn(episode, reply, reward):
     env = TaskEnvironment(math_verify)
-    total, last, err = episode(env, ModelAgent(system_prompt="Put the answer in \\boxed{}."), ScriptedModel([reply]), TASK)
-    assert err is None and last.done and not last.truncated and total == reward
+    traj, last, _ = episode(env, ModelAgent(system_prompt="Put the answer in \\boxed{}."), [reply], TASK)
+    assert traj.status is TrajectoryStatus.OK and last.done and not last.truncated and traj.reward == reward
 
 
 def test_reward_by_name_and_prompt_fn():
@@ -34,7 +33,7 @@ def test_reward_by_name_and_prompt_fn():
     assert obs.content == "Q: capital of France?\nA:" and res.reward == 1.0
 
 
-def test_sync_reward_runs_off_the_event_loop():
+def test_sync_reward_runs_in_a_worker_thread():
     seen = []
 
     def reward(task, response):

@@ -8,7 +8,6 @@ import time
 import pytest
 
 from agentax.agents import ToolAgent
-from agentax.agents.testing import ScriptedModel
 from agentax.envs import EnvError, ToolEnvironment
 from agentax.records import Action, Task, ToolCall, TrajectoryStatus
 from agentax.tools import calculator, tool
@@ -25,12 +24,12 @@ def call(name, **args):
 
 
 def test_calculator_episode_rewards_correct_answer(episode):
-    model = ScriptedModel([call("calculator", expression="12*7"), "84"])
     agent = ToolAgent([calculator])
     env = ToolEnvironment([calculator], exact)
-    total, last, err = episode(env, agent, model, TASK)
-    assert err is None and last.done and last.info["final_answer"] and total == 1.0
-    tool_msg = model.prompts[1][-1]
+    traj, last, engine = episode(env, agent, [call("calculator", expression="12*7"), "84"], TASK)
+    assert traj.status is TrajectoryStatus.OK and last.done and last.info["final_answer"] and traj.reward == 1.0
+    assert engine.calls == 2
+    tool_msg = agent.messages[-2]  # what the model saw before its second reply
     assert (tool_msg.role, tool_msg.content, tool_msg.name) == ("tool", "84", "calculator")
     assert tool_msg.tool_call_id == agent.messages[-3].tool_calls[0].id
     assert env.tool_stats["tool_calls"] == 1 and env.tool_stats["tool_errors"] == 0
@@ -128,10 +127,10 @@ def test_too_many_calls_are_refused_not_run():
 
 
 def test_endless_tool_use_is_truncated(episode):
-    model = ScriptedModel(lambda msgs: call("calculator", expression="1+1"))
     env = ToolEnvironment([calculator], exact, max_steps=3)
-    total, last, err = episode(env, ToolAgent([calculator]), model, TASK)
-    assert err is None and last.truncated and model.calls == 3 and total == 0.0
+    traj, last, engine = episode(env, ToolAgent([calculator]), lambda text: call("calculator", expression="1+1"), TASK)
+    assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "env_truncated"
+    assert last.truncated and engine.calls == 3 and traj.reward == 0.0
 
 
 def test_reward_failures_are_reward_errors():

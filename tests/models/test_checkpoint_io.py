@@ -15,14 +15,8 @@ from models_helpers import VOCAB, ax_logits, hf_logits, make_hf_model
 from published_configs import PUBLISHED
 from safetensors.numpy import load_file, save_file
 
-from agentax.models import (
-    ModelConfig,
-    Transformer,
-    config_to_hf,
-    hf_param_table,
-    load_pretrained,
-    save_pretrained,
-)
+from agentax.models import ModelConfig, Transformer, config_to_hf, load_pretrained, save_pretrained
+from agentax.models._params import hf_param_table
 
 
 def _params(model) -> dict:

@@ -21,7 +21,8 @@ from models_helpers import (
     make_hf_model,
 )
 
-from agentax.models import load_pretrained, positions_from_segments, save_pretrained
+from agentax.models import load_pretrained, save_pretrained
+from agentax.models._transformer import positions_from_segments
 
 B, T = 2, 40
 TOL = 1e-4

@@ -8,17 +8,12 @@ import collections
 import numpy as np
 import pytest
 
-from agentax.recipes import (
-    build_suite,
-    calculator_demos,
-    calculator_reward,
-    calculator_tasks,
-    compact_calculator,
-)
+from agentax.recipes import build_suite, calculator_demos, calculator_reward, calculator_tasks
+from agentax.recipes._calculator import compact_calculator
 from agentax.recipes._render import _fast, render_examples
 from agentax.records import Action, Message, Task, ToolCall
 from agentax.text import ByteTokenizer, render_conversation
-from agentax.tools import evaluate
+from agentax.tools._calculator import evaluate
 
 
 def test_tasks_are_deterministic_distinct_and_correct():

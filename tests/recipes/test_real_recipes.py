@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from agentax.cli import load_config, main
+from agentax.cli import dump_config, load_config, main
 from agentax.cli._build import resolve_config
 from agentax.recipes import RECIPES, load_math_jsonl, recipe_path
+from agentax.trace import TRACE_FILENAME, names, read_trace
 
 REAL = {"gsm8k_qwen2_5_0_5b": "qwen2", "math_tool_qwen3_0_6b": "qwen3",
         "gsm8k_llama3_2_1b": "llama"}
@@ -27,11 +29,20 @@ def _shrink(ckpt, data):
     ]
 
 
-def test_every_real_recipe_is_listed_and_loads():
+TASK_OF_RECIPE = {"calculator": "calculator", "gsm8k": "math", "math_tool": "math_tool"}
+
+
+def test_every_real_recipe_is_listed_and_loads(tmp_path):
     assert set(REAL) | {"calculator"} <= set(RECIPES)
     for name in RECIPES:
         cfg = load_config(recipe_path(name))
-        assert cfg.run.steps > 0
+        # The name says the task; the YAML is a serialized RunConfig that round-trips exactly.
+        prefix = next(p for p in TASK_OF_RECIPE if name.startswith(p))
+        assert cfg.env.task == TASK_OF_RECIPE[prefix], name
+        (tmp_path / f"{name}.yaml").write_text(dump_config(cfg))
+        assert load_config(tmp_path / f"{name}.yaml") == cfg, name
+        if name in REAL:
+            assert cfg.init.model_path, f"{name} must name the checkpoint it was written for"
 
 
 def test_calculator_recipe_is_the_embedded_default():
@@ -65,7 +76,14 @@ def test_recipe_evaluates_a_real_family_checkpoint(recipe, tiny_checkpoints, mat
     out = capsys.readouterr()
     assert status == 0, out.err
     result = json.loads(out.out.strip().splitlines()[-1])
-    assert result["eval"]["eval/greedy/episodes"] == 2  # a random model scores ~0; it ran
+    assert result["eval"]["eval/greedy/episodes"] == 2
+    # A random model scores ~0, so check the episodes themselves: each generated tokens and
+    # ended normally (not model_error / timeout: the template, tokenizer and engine all worked).
+    trace = read_trace(Path(result["run_dir"]) / TRACE_FILENAME)
+    episodes = trace.spans_named(names.EPISODE)
+    assert len(episodes) == 2
+    assert {s.args[names.ARG_STATUS] for s in episodes} <= {"ok", "truncated"}
+    assert all(s.args["generated_tokens"] > 0 for s in trace.spans_named(names.MODEL_CALL))
 
 
 def test_multi_turn_tool_recipe_trains_one_step(tiny_checkpoints, math_jsonl, tmp_path, capsys):

@@ -5,7 +5,8 @@ import asyncio
 import pytest
 
 from agentax.records import Task
-from agentax.rewards import call_reward, code_tests_reward, extract_code, get_reward, run_code_tests
+from agentax.rewards import call_reward, code_tests_reward, get_reward
+from agentax.rewards._code import extract_code, run_code_tests
 from agentax.tools import SandboxConfig, SandboxUnavailableError, check_sandbox_available
 
 try:

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentax.records import Task
-from agentax.rewards import answers_match, extract_answer, math_verify, parse_number
+from agentax.rewards import math_verify
+from agentax.rewards._math import answers_match, extract_answer, parse_number
 
 
 def score(response, answer, **kw):

@@ -1,6 +1,7 @@
 """RayEngineReplica: an engine in a Ray actor behind an EngineRouter, next to a local engine.
 
-Slow (the actor imports JAX and compiles the engine on its own), so it runs in CI only.
+Slow (the actor imports JAX and compiles the engine on its own): marked `slow`, so the default
+suite skips it and `.ci/run` runs it after the default suite.
 """
 
 from __future__ import annotations

@@ -183,7 +183,8 @@ def test_replicas_on_disjoint_devices():
 
 
 def test_missing_ray_says_how_to_install(monkeypatch):
-    from agentax.scale import RayEnvPool, require_ray
+    from agentax.scale import RayEnvPool
+    from agentax.scale._ray import require_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     with pytest.raises(ImportError, match=r"pip install 'agentax\[ray\]'"):

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentax.tools import CalculatorError, calculator, evaluate
+from agentax.tools import calculator
+from agentax.tools._calculator import CalculatorError, evaluate
 
 
 @pytest.mark.parametrize("expr, value", [

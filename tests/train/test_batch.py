@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentax.train import HostSequence, build_micro_batches, row_bucket, seq_bucket
+from agentax.train._batch import HostSequence, build_micro_batches, row_bucket, seq_bucket
 
 
 def _seq(n, n_gen, start=0):

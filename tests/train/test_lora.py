@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentax.train import LoRAConfig, RLTrainer, apply_lora, lora_paths, merge_lora
+from agentax.train import LoRAConfig, RLTrainer
+from agentax.train._lora import apply_lora, lora_paths, merge_lora
 from tests.train.conftest import MICRO, base_config, make_groups, make_model
 
 IDS = (jnp.arange(24, dtype=jnp.int32)[None] * 7) % 250

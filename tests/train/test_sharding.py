@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import json, jax
     from jax.sharding import PartitionSpec as P
-    from agentax.train import RLTrainer, make_mesh, partition_spec_for
+    from agentax.train import RLTrainer, make_mesh
+    from agentax.train._sharding import partition_spec_for
     from tests.train.conftest import base_config, make_groups, make_model
     assert jax.device_count() == 8, jax.devices()
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
@@ -57,7 +58,7 @@ def test_same_losses_on_one_and_eight_devices():
     one = [(s.loss, s.grad_norm, s.entropy)
            for s in map(trainer.step, [make_groups(seed=40 + i) for i in range(2)])]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+               JAX_PLATFORMS="cpu", PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

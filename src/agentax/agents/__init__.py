@@ -8,7 +8,7 @@ from agentax.agents._base import Agent, ModelAgent
 from agentax.agents._frozen_lake import FrozenLakeAgent
 from agentax.agents._swe import SWEAgent
 from agentax.agents._tool import ToolAgent, tool_schemas
-from agentax.agents._trajectory import TrajectoryBuilder, decode_reply
+from agentax.agents._trajectory import TrajectoryBuilder
 
 __all__ = [
     "Agent",
@@ -17,6 +17,5 @@ __all__ = [
     "SWEAgent",
     "ToolAgent",
     "TrajectoryBuilder",
-    "decode_reply",
     "tool_schemas",
 ]

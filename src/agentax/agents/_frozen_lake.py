@@ -10,7 +10,7 @@ it with feedback, and the agent counts it under `stats["invalid_actions"]`.
 from __future__ import annotations
 
 from agentax.agents._base import Agent
-from agentax.envs import FROZEN_LAKE_ACTIONS, parse_frozen_lake_action
+from agentax.envs._gym import FROZEN_LAKE_ACTIONS, parse_frozen_lake_action  # the env's own format
 from agentax.records import Action, Message, Observation
 
 __all__ = ["FrozenLakeAgent"]

@@ -33,6 +33,7 @@ How the observation suffix is found (the rule documented in docs/agents.md):
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -217,7 +218,7 @@ class TrajectoryBuilder:
         return ids
 
     def _divergent_suffix(self, full: str, new: Sequence[Message]) -> tuple[str, np.ndarray]:
-        at = _common_prefix_len(full, self._text)
+        at = len(os.path.commonprefix((full, self._text)))
         self._divergences.append(
             {
                 "turn": len(self._turns),
@@ -296,11 +297,3 @@ class TrajectoryBuilder:
             timings=dict(timings or {}),
             info=out_info,
         )
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

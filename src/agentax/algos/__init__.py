@@ -18,26 +18,14 @@ from agentax.algos._advantages import (
     rloo_advantages,
 )
 from agentax.algos._kl import KL_KINDS, kl_estimate, kl_in_reward, kl_loss
-from agentax.algos._masked import (
-    AGG_MODES,
-    aggregate_loss,
-    masked_max,
-    masked_mean,
-    masked_sum,
-    masked_whiten,
-    safe_div,
-)
+from agentax.algos._masked import AGG_MODES, aggregate_loss, masked_mean
 from agentax.algos._policy import (
     OFF_POLICY_MODES,
     gspo_policy_loss,
     ppo_policy_loss,
     truncated_importance_weights,
 )
-from agentax.algos._registry import (
-    ADVANTAGE_ESTIMATORS,
-    AdvantageEstimator,
-    get_advantage_estimator,
-)
+from agentax.algos._registry import ADVANTAGE_ESTIMATORS, get_advantage_estimator
 from agentax.algos._shaping import (
     check_finite_rewards,
     dynamic_sampling_keep_mask,
@@ -48,7 +36,6 @@ from agentax.algos._value import entropy_bonus, gather_logprobs, token_entropy, 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
-    "AdvantageEstimator",
     "GROUP_ESTIMATORS",
     "KL_KINDS",
     "OFF_POLICY_MODES",
@@ -68,16 +55,12 @@ __all__ = [
     "kl_estimate",
     "kl_in_reward",
     "kl_loss",
-    "masked_max",
     "masked_mean",
-    "masked_sum",
-    "masked_whiten",
     "overlong_penalty",
     "place_sequence_reward",
     "ppo_policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
-    "safe_div",
     "token_entropy",
     "truncated_importance_weights",
     "value_loss",

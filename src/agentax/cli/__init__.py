@@ -3,7 +3,7 @@
 * `main(argv)` — `agentax train | sft | eval | doctor | export | config`.
 * `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
   `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own configs),
-  `load_config(path, overrides)`, `parse_overrides`, `dump_config`, `validate`.
+  `load_config(path, overrides)`, `parse_overrides`, `dump_config`.
 * `config_reference()` — the Markdown of docs/config.md, generated from the dataclasses.
 """
 
@@ -16,14 +16,12 @@ from agentax.cli._config import (
     RunSection,
     SFTConfig,
     TracingConfig,
-    apply_overrides,
     dump_config,
     load_config,
     parse_overrides,
-    validate,
 )
 from agentax.cli._docs import config_reference
-from agentax.cli._main import build_parser, main
+from agentax.cli._main import main
 
 __all__ = [
     "AgentConfig",
@@ -34,12 +32,9 @@ __all__ = [
     "RunSection",
     "SFTConfig",
     "TracingConfig",
-    "apply_overrides",
-    "build_parser",
     "config_reference",
     "dump_config",
     "load_config",
     "main",
     "parse_overrides",
-    "validate",
 ]

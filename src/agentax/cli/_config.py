@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from agentax import algos
-from agentax.config import ConfigError, check_values, from_dict, to_dict
+from agentax.config import ConfigError, check_values, from_dict, to_dict, frozen as _frozen
 from agentax.engine import EngineConfig
 from agentax.models import BYTE_VOCAB_SIZE, ModelConfig
 from agentax.pipeline import PipelineConfig
@@ -50,10 +50,6 @@ __all__ = [
 
 TASKS = ("calculator", "math", "math_tool")
 """Environments `env.task` can name (see agentax.recipes)."""
-
-
-def _frozen(cls):
-    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
 
 
 @_frozen

@@ -76,15 +76,12 @@ class RunCheckpointer:
 
     def save(self, trainer, *, rl_step: int, next_group: int) -> Path | None:
         """Writes checkpoints/step_<rl_step>, unless this step is already saved."""
-        from agentax.train._checkpoint import save_trainer_checkpoint
-
         if rl_step == self.saved_step:
             return None
         metrics = self.run_dir / METRICS_FILENAME
         record = {"rl_step": int(rl_step), "next_group": int(next_group),
                   "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0}
-        path = save_trainer_checkpoint(trainer, self.run_dir / CHECKPOINT_DIR, rl_step,
-                                       run=record)
+        path = trainer.save_checkpoint(self.run_dir / CHECKPOINT_DIR, rl_step, run=record)
         self.saved_step = rl_step
         return path
 

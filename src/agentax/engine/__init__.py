@@ -14,7 +14,6 @@ from agentax.engine._engine import (
     PromptTooLong,
     SequenceError,
 )
-from agentax.engine._sampling import RowSampling, sample_tokens
 
 __all__ = [
     "Engine",
@@ -23,7 +22,5 @@ __all__ = [
     "EngineError",
     "EngineStats",
     "PromptTooLong",
-    "RowSampling",
     "SequenceError",
-    "sample_tokens",
 ]

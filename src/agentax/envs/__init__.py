@@ -9,42 +9,25 @@ See docs/environments.md.
 """
 
 from agentax.envs._base import EnvError, Environment, ensure_async_env
-from agentax.envs._code import CodeEnvironment, SandboxCheck
-from agentax.envs._gym import (
-    FROZEN_LAKE_ACTIONS,
-    TAXI_ACTIONS,
-    GymnasiumEnvironment,
-    format_frozen_lake,
-    format_taxi,
-    make_frozen_lake,
-    make_taxi,
-    parse_frozen_lake_action,
-    parse_taxi_action,
-)
+from agentax.envs._code import CodeEnvironment
+from agentax.envs._gym import GymnasiumEnvironment, make_frozen_lake, make_taxi
 from agentax.envs._reward import compute_reward
 from agentax.envs._swe import SWE_REPOS, SWEEnvironment, swe_tasks
 from agentax.envs._task import TaskEnvironment
 from agentax.envs._tool import ToolEnvironment
 
 __all__ = [
-    "FROZEN_LAKE_ACTIONS",
     "SWE_REPOS",
-    "TAXI_ACTIONS",
     "CodeEnvironment",
     "EnvError",
     "Environment",
     "GymnasiumEnvironment",
     "SWEEnvironment",
-    "SandboxCheck",
     "TaskEnvironment",
     "ToolEnvironment",
     "compute_reward",
     "ensure_async_env",
-    "format_frozen_lake",
-    "format_taxi",
     "make_frozen_lake",
     "make_taxi",
-    "parse_frozen_lake_action",
-    "parse_taxi_action",
     "swe_tasks",
 ]

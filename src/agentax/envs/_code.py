@@ -19,7 +19,7 @@ from agentax.envs._base import EnvError
 from agentax.envs._reward import RewardFn
 from agentax.envs._tool import ToolEnvironment
 from agentax.records import Task, TrajectoryStatus
-from agentax.tools import Sandbox, SandboxConfig, ToolRegistry, bash_tool, python_tool
+from agentax.tools import Sandbox, SandboxConfig, ToolRegistry, bash_tool, check_sandbox_available, python_tool
 from agentax.trace import get_tracer, names
 
 __all__ = ["CodeEnvironment", "SandboxCheck"]
@@ -43,7 +43,9 @@ class CodeEnvironment(ToolEnvironment):
       **kwargs: as `ToolEnvironment` (max_steps, max_output_chars, ...).
 
     Raises:
-      SandboxUnavailableError (at reset, as an EnvError): code cannot be confined on this host.
+      SandboxUnavailableError: at construction, when code cannot be confined on this host (no
+        bubblewrap, user namespaces disabled...), unless `sandbox_config.allow_unconfined`; one
+        line saying what to install. Failing here, once, beats failing every episode.
     """
 
     def __init__(
@@ -61,10 +63,12 @@ class CodeEnvironment(ToolEnvironment):
         unknown = [t for t in tools if t not in _TOOL_MAKERS]
         if unknown or not tools:
             raise ValueError(f"tools must be a non-empty subset of {sorted(_TOOL_MAKERS)}, got {list(tools)}")
+        self.sandbox_config = sandbox_config or SandboxConfig()
+        if not self.sandbox_config.allow_unconfined:
+            check_sandbox_available(self.sandbox_config)  # probed once per process, then cached
         super().__init__(None, reward_fn, **kwargs)
         self.check = check
         self.tool_names = tuple(tools)
-        self.sandbox_config = sandbox_config or SandboxConfig()
         self.files = dict(files or {})
         self.sandbox: Sandbox | None = None
 

@@ -1,7 +1,7 @@
 """agentax.recipes: the built-in calculator task, task suites, and YAML run recipes.
 
-* `calculator_tasks`, `calculator_demos`, `calculator_reward`, `compact_calculator`: the
-  embedded CPU demo's multi-turn calculator-tool task and its sloppy warm-start demonstrator.
+* `calculator_tasks`, `calculator_demos`, `calculator_reward`, `used_tool`: the embedded CPU
+  demo's multi-turn calculator-tool task and its (deliberately sloppy) warm-start demonstrations.
 * `build_suite(name, ...) -> TaskSuite`: tasks + environment/agent factories for 'calculator',
   'math' (GSM8K-style, math_verify) and 'math_tool' (the same with the calculator tool).
 * `RECIPES` / `recipe_path(name)`: YAML run configs shipped with agentax (see docs/quickstart.md).
@@ -9,18 +9,9 @@
 
 from pathlib import Path
 
-from agentax.recipes._calculator import (
-    CALCULATOR_OPS,
-    DemoMix,
-    calculator_demos,
-    calculator_reward,
-    calculator_tasks,
-    compact_calculator,
-    used_tool,
-)
+from agentax.recipes._calculator import calculator_demos, calculator_reward, calculator_tasks, used_tool
 from agentax.recipes._suite import (
     SUITES,
-    PromptToolAgent,
     TaskSuite,
     build_suite,
     load_demos_jsonl,
@@ -47,9 +38,6 @@ def recipe_path(name: str) -> Path:
 
 
 __all__ = [
-    "CALCULATOR_OPS",
-    "DemoMix",
-    "PromptToolAgent",
     "RECIPES",
     "RECIPE_DIR",
     "SUITES",
@@ -58,7 +46,6 @@ __all__ = [
     "calculator_demos",
     "calculator_reward",
     "calculator_tasks",
-    "compact_calculator",
     "load_demos_jsonl",
     "load_math_jsonl",
     "recipe_path",

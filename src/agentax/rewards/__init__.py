@@ -7,26 +7,20 @@ pass). `weighted` combines rewards; `register_reward` adds your own.
 
 import functools
 
-from agentax.rewards._code import code_tests_reward, extract_code, run_code_tests
+from agentax.rewards._code import code_tests_reward
 from agentax.rewards._match import exact_match
-from agentax.rewards._math import answers_match, extract_answer, math_verify, normalize_answer, parse_number
+from agentax.rewards._math import math_verify
 from agentax.rewards._registry import Reward, call_reward, get_reward, register_reward, reward_names, weighted
 
 __all__ = [
     "Reward",
-    "answers_match",
     "call_reward",
     "code_tests_reward",
     "exact_match",
-    "extract_answer",
-    "extract_code",
     "get_reward",
     "math_verify",
-    "normalize_answer",
-    "parse_number",
     "register_reward",
     "reward_names",
-    "run_code_tests",
     "weighted",
 ]
 

@@ -9,9 +9,12 @@ Tests come from `task.meta["tests"]` (the key is configurable) in one of two for
 
 With `mode="all"` the reward is 1.0 only when every test passes. The solution is the last
 fenced code block of the response (```python ... ```), or the whole response if it has none.
-The test results are read from a line tagged with a per-call random nonce; note that code
-running in the same process as the harness could in principle forge it, so treat the sandbox
-as containment, not as a guarantee against adversarial reward hacking.
+
+The score cannot be forged by the code it scores: the tests run in a judge process and the
+solution in another one (see `_judge_program.py`); calls into the solution cross a pipe as
+plain data, and the verdict line carries a secret the solution process never sees. The price:
+tests compare plain values (a test that needs a class instance back, or an argument mutated in
+place, fails).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import re
 import secrets
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from agentax.records import Task
@@ -30,38 +34,8 @@ __all__ = ["extract_code", "code_tests_reward", "run_code_tests"]
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
-_HARNESS = """
-import json, signal, sys
-MARK = {mark!r}
-TESTS = json.loads({tests!r})
-def _alarm(signum, frame):
-    raise TimeoutError("test took too long")
-signal.signal(signal.SIGALRM, _alarm)
-ns = {{"__name__": "solution"}}
-def report(passed, error=None):
-    sys.stdout.flush()
-    sys.__stdout__.write("\\n" + MARK + json.dumps({{"passed": passed, "total": len(TESTS), "error": error}}) + "\\n")
-    sys.__stdout__.flush()
-try:
-    signal.setitimer(signal.ITIMER_REAL, {per_test!r})
-    exec(compile(open("solution.py").read(), "solution.py", "exec"), ns)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-except BaseException as e:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    report(0, "solution failed to load: " + type(e).__name__ + ": " + str(e)[:200])
-    raise SystemExit(0)
-passed = 0
-for i, t in enumerate(TESTS):
-    try:
-        signal.setitimer(signal.ITIMER_REAL, {per_test!r})
-        exec(compile(t, "test_%d" % i, "exec"), ns)
-        passed += 1
-    except BaseException as e:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-report(passed)
-"""
+_JUDGE = (Path(__file__).parent / "_judge_program.py").read_text()
+_SECRET_FILE = ".agentax-judge-secret"
 
 
 def extract_code(response: str, *, language: str = "python") -> str:
@@ -71,19 +45,6 @@ def extract_code(response: str, *, language: str = "python") -> str:
         return response or ""
     tagged = [code for tag, code in blocks if tag.lower() in (language, language[:2], "")]
     return (tagged or [code for _, code in blocks])[-1]
-
-
-def _pytest_counts(text: str) -> tuple[int, int]:
-    """(passed, total) from pytest's final summary line, (0, 0) if absent."""
-    counts = {k: 0 for k in ("passed", "failed", "error", "errors", "xfailed", "xpassed")}
-    lines = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed|errors?)\b", l)]
-    if not lines:
-        return 0, 0
-    for n, k in re.findall(r"(\d+) (passed|failed|errors?|xfailed|xpassed)\b", lines[-1]):
-        counts[k] += int(n)
-    passed = counts["passed"] + counts["xpassed"]
-    total = passed + counts["failed"] + counts["error"] + counts["errors"] + counts["xfailed"]
-    return passed, total
 
 
 async def run_code_tests(
@@ -99,27 +60,26 @@ async def run_code_tests(
     Returns:
         (passed, total, log) — log is the (truncated) output, useful for debugging rewards.
     """
-    all_files = {**dict(files or {}), "solution.py": code}
-    with Sandbox(config, files=all_files) as sandbox:
-        if isinstance(tests, str):
-            sandbox.write_file("test_solution.py", tests)
-            r = await sandbox.run_bash(
-                "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
-                f"{sandbox.config.python} -m pytest -q -p no:cacheprovider --no-header test_solution.py"
-            )
-            passed, total = _pytest_counts(r.stdout)
-            return passed, total, r.stdout + r.stderr
+    if not isinstance(tests, str):
         tests = [str(t) for t in tests]
         if not tests:
             return 0, 0, "no tests"
-        mark = "AGENTAX-RESULT-" + secrets.token_hex(8) + ":"
-        harness = _HARNESS.format(mark=mark, tests=json.dumps(tests), per_test=float(per_test_timeout_s))
-        r = await sandbox.run_python(harness)
-        found = [l for l in r.stdout.splitlines() if l.startswith(mark)]
+    secret = "AGENTAX-VERDICT-" + secrets.token_hex(16) + ":"
+    all_files = {**dict(files or {}), "solution.py": code, _SECRET_FILE: secret}
+    if isinstance(tests, str):
+        all_files["test_solution.py"] = tests
+    else:
+        all_files["tests.json"] = json.dumps(tests)
+    with Sandbox(config, files=all_files) as sandbox:
+        mode = ["pytest"] if isinstance(tests, str) else []
+        judge = f"import sys; sys.argv = ['judge', {float(per_test_timeout_s)!r}, *{mode!r}]\n" + _JUDGE
+        r = await sandbox.run_python(judge)
+        log = r.stdout + r.stderr
+        found = [l for l in r.stdout.splitlines() if l.startswith(secret)]
         if not found:
-            return 0, len(tests), r.stdout + r.stderr
-        result = json.loads(found[-1][len(mark) :])
-        return int(result["passed"]), len(tests), r.stdout + r.stderr
+            return 0, (len(tests) if not isinstance(tests, str) else 0), log
+        result = json.loads(found[-1][len(secret) :])
+        return int(result["passed"]), int(result["total"]), log.replace(secret, "[verdict]")
 
 
 def code_tests_reward(

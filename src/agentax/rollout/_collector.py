@@ -126,6 +126,9 @@ class Collector:
         t0 = time.perf_counter()
         try:
             await asyncio.wait_for(self._loop(task, seed, agent, env, builder, state), cfg.episode_timeout_s)
+        except _ModelTimeout:
+            state.fail(TrajectoryStatus.TIMEOUT, "model_timeout",
+                       f"no reply within model_timeout_s={cfg.model_timeout_s}")
         except TimeoutError:
             state.fail(TrajectoryStatus.TIMEOUT, "episode_timeout")
         except EnvError as e:
@@ -170,10 +173,13 @@ class Collector:
             call = dataclasses.replace(params, max_tokens=min(params.max_tokens, budget))
             with tracer.span(names.MODEL_CALL, args={"prompt_tokens": int(len(prompt_ids))}) as span:
                 t = time.perf_counter()
-                completion = await asyncio.wait_for(
-                    self.engine.generate(prompt_ids, call, sequence_id=state.sequence_id),
-                    cfg.model_timeout_s,
-                )
+                try:
+                    completion = await asyncio.wait_for(
+                        self.engine.generate(prompt_ids, call, sequence_id=state.sequence_id),
+                        cfg.model_timeout_s,
+                    )
+                except TimeoutError:
+                    raise _ModelTimeout from None  # told apart from the episode's own timeout
                 state.add_time("model_s", t)
                 span.set_arg("generated_tokens", completion.num_tokens)
                 span.set_arg("slot_wait_s", round(completion.queue_time_s, 6))
@@ -209,6 +215,10 @@ class Collector:
             await asyncio.wait_for(env.close(), self.config.close_timeout_s)
         except Exception:  # noqa: BLE001 - close failures are counted, never fatal
             state.info["close_failed"] = True
+
+
+class _ModelTimeout(Exception):
+    """One model call outlived `model_timeout_s` (not an episode timeout)."""
 
 
 @dataclasses.dataclass

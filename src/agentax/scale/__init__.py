@@ -13,7 +13,6 @@ See docs/scaling.md.
 """
 
 from agentax.scale._env_pool import RayEnvPool, RayEnvPoolStats, RemoteEnvironment
-from agentax.scale._ray import require_ray
 from agentax.scale._replica import RayEngineReplica
 from agentax.scale._router import EngineRouter, RouterStats
 
@@ -24,5 +23,4 @@ __all__ = [
     "RayEnvPoolStats",
     "RemoteEnvironment",
     "RouterStats",
-    "require_ray",
 ]

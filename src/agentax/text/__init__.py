@@ -1,6 +1,6 @@
 """agentax.text: tokenizers, chat templates, token-exact multi-turn rendering, tool-call parsers.
 
-Layer 2 (see DESIGN.md). Public names:
+Layer 2 (see docs/design.md). Public names:
 
 * `Tokenizer` (protocol), `ByteTokenizer` (built-in, vocab 272), `HFTokenizer` (local
   Hugging Face `tokenizers` directory), `load_tokenizer("byte" | dir)`.

@@ -16,6 +16,7 @@ earlier assistant turns), the boundary is found by counting end-of-turn tokens i
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -162,14 +163,6 @@ def is_prefix_stable(
     return stable
 
 
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def render_conversation(
     tokenizer: Tokenizer,
     messages: Sequence[MessageLike],
@@ -210,7 +203,7 @@ def render_conversation(
             if full.startswith(prompt):
                 start = len(prompt)
             else:  # the generation prompt is not how this turn starts once rendered
-                start, stable = _common_prefix_len(full, prompt), False
+                start, stable = len(os.path.commonprefix((full, prompt))), False
             ends = list(eos_re.finditer(full, start))
             end = ends[-1].end() if ends else len(full)
             segments.append((full[start:end], True))

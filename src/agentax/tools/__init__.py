@@ -5,7 +5,7 @@ Every `Tool.call` is bounded by a timeout and never raises into the caller: fail
 as `ToolResult(ok=False, error=<kind>, content=<message for the model>)`.
 """
 
-from agentax.tools._calculator import CalculatorError, calculator, evaluate
+from agentax.tools._calculator import calculator
 from agentax.tools._registry import ToolRegistry
 from agentax.tools._sandbox import (
     Sandbox,
@@ -15,12 +15,10 @@ from agentax.tools._sandbox import (
     SandboxUnavailableError,
     check_sandbox_available,
 )
-from agentax.tools._sandbox_tools import bash_tool, format_sandbox_result, python_tool, repo_tools
-from agentax.tools._tool import DEFAULT_MAX_OUTPUT_CHARS, Tool, tool, truncate_output
+from agentax.tools._sandbox_tools import bash_tool, python_tool, repo_tools
+from agentax.tools._tool import Tool, tool, truncate_output
 
 __all__ = [
-    "DEFAULT_MAX_OUTPUT_CHARS",
-    "CalculatorError",
     "Sandbox",
     "SandboxConfig",
     "SandboxPathError",
@@ -31,8 +29,6 @@ __all__ = [
     "bash_tool",
     "calculator",
     "check_sandbox_available",
-    "evaluate",
-    "format_sandbox_result",
     "python_tool",
     "repo_tools",
     "tool",

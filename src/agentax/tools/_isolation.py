@@ -24,6 +24,8 @@ __all__ = ["SANDBOX_WORKDIR", "confined_command", "unconfined_command", "probe",
 
 SANDBOX_WORKDIR = "/workspace"
 """Path of the working directory as the sandboxed program sees it."""
+SANDBOX_SCRIPTS = "/run/agentax"
+"""Read-only directory holding the programs `run_python` starts."""
 
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_DIRS = ("/usr", "/etc", "/opt")
@@ -60,6 +62,7 @@ def confined_command(
     *,
     host_workdir: str,
     host_tmpdir: str,
+    host_scripts: str | None = None,
     ro_paths: Sequence[str],
     env: Mapping[str, str],
     sandbox_uid: int | None,
@@ -68,6 +71,7 @@ def confined_command(
     """The full command line that runs `argv` inside the sandbox.
 
     Args:
+        host_scripts: a host directory mounted read-only at SANDBOX_SCRIPTS, if given.
         sandbox_uid: uid the program drops to (only when agentax runs as root), else None.
         limits: keyword arguments of the rlimits (cpu_s, memory_mb, max_processes, ...).
     """
@@ -109,6 +113,9 @@ def confined_command(
                 cmd += ["--perms", "0755", "--dir", parent]
                 made.add(parent)
         cmd += ["--ro-bind", p, p]
+    if host_scripts is not None:
+        cmd += ["--perms", "0755", "--dir", os.path.dirname(SANDBOX_SCRIPTS),
+                "--ro-bind", host_scripts, SANDBOX_SCRIPTS]
     cmd += ["--bind", host_workdir, SANDBOX_WORKDIR,
             "--chdir", SANDBOX_WORKDIR,
             "--remount-ro", "/",
@@ -165,7 +172,7 @@ def probe(python: str, ro_paths: Sequence[str], sandbox_uid: int | None, scratch
             reason = f"starting bubblewrap failed: {e}"
         else:
             if "agentax-sandbox-ok" not in r.stdout or "root-writable" in r.stdout:
-                err = (r.stderr or r.stdout).strip()[-500:]
+                err = " ".join((r.stderr or r.stdout).split())[-300:]  # one line
                 reason = (f"bubblewrap could not create the sandbox (exit {r.returncode}): {err}. "
                           "User namespaces may be disabled (sysctl kernel.unprivileged_userns_clone"
                           " / user.max_user_namespaces) or the container forbids mounts.")

@@ -7,6 +7,19 @@ sandbox, e.g. one episode) and /tmp. Output is read incrementally: only the head
 each stream are kept, and a run that floods its output is killed, so 100 MB of output never sits
 in memory. See `_isolation.py` for the mechanism. If isolation cannot be set up on this host,
 construction raises `SandboxUnavailableError` (unless `allow_unconfined=True`, for trusted code).
+
+Memory, process count and disk are bounded per sandbox, not only per process (`_quota.py`): all
+processes of one sandbox share one control group (`memory_mb`, `max_processes`), and its
+workdir and /tmp live on one tmpfs of `max_disk_mb`. Where the host allows neither (no cgroup
+to write, no CAP_SYS_ADMIN to mount), the first sandbox logs one warning and the per-process
+rlimits remain the only bound.
+
+What sandboxed code sees (see `Sandbox._env` and `_isolation.confined_command`): the
+environment variables PATH, HOME (= /workspace), TMPDIR (= /tmp), LANG, PYTHONUNBUFFERED,
+PYTHONDONTWRITEBYTECODE, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (= 1), plus
+`SandboxConfig.env` -- nothing of the host's environment; read-only /usr, /etc, /opt, the Python
+installation and `extra_ro_paths`; its own /proc (its processes only) and a minimal /dev; no
+network interface but loopback.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentax.tools import _isolation
+from agentax.tools import _isolation, _quota
 
 __all__ = [
     "SandboxConfig",
@@ -55,11 +68,14 @@ class SandboxConfig:
     cpu_time_s: int = 10
     """RLIMIT_CPU of each process, in seconds."""
     memory_mb: int = 1024
-    """RLIMIT_AS (address space) of each process, in MiB."""
+    """Memory of the whole sandbox (its cgroup, files it wrote included) and the address space
+    (RLIMIT_AS) of each of its processes, in MiB."""
     max_processes: int = 64
-    """RLIMIT_NPROC: processes/threads the sandboxed program may have at once."""
+    """Processes/threads the sandbox may have at once (its cgroup's pids.max, and RLIMIT_NPROC)."""
     max_file_mb: int = 64
     """RLIMIT_FSIZE: largest file the program may write, in MiB."""
+    max_disk_mb: int = 512
+    """Quota of the workdir and /tmp together (a tmpfs, so it is memory too), in MiB."""
     max_open_files: int = 256
     """RLIMIT_NOFILE."""
     max_output_bytes: int = 32_000
@@ -78,7 +94,7 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_mb",
-                     "max_open_files", "max_output_bytes", "max_drain_bytes"):
+                     "max_disk_mb", "max_open_files", "max_output_bytes", "max_drain_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_drain_bytes < 2 * self.max_output_bytes:
@@ -95,7 +111,8 @@ class SandboxResult:
     """The program's exit status; negative -N when killed by signal N; None if never started."""
     timed_out: bool = False
     killed_reason: str | None = None
-    """Why agentax killed the run: "timeout", "output_limit", or None."""
+    """Why the run was killed: "timeout", "output_limit", "memory_limit" (the kernel killed a
+    process of the sandbox at its memory limit), or None."""
     truncated: bool = False
     """True when output was dropped (head and tail kept, with a marker)."""
     elapsed_s: float = 0.0
@@ -147,6 +164,53 @@ def _cleanup(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+class _Quotas:
+    """The group and the tmpfs of one sandbox, released exactly once (close or GC)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.disk = os.path.join(root, "disk")
+        """The tmpfs mount point holding work/ and tmp/ (scripts/ stays outside the quota)."""
+        self.mounted = False
+        self.cgroup: _quota.Cgroup | None = None
+
+    def release(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.mounted:
+            try:
+                _quota.unmount(self.disk)
+            except OSError:
+                pass
+        _cleanup(self.root)
+
+
+_WARNED: list[str] = []
+
+
+def _warn_once_without_quotas(scratch: str) -> tuple[bool, bool]:
+    """(group limits available, disk quota available); logs once per process when not."""
+    first = "cgroup" not in _quota._REASONS
+    group = _quota.group_limits_reason()
+    disk = _quota.disk_quota_reason(scratch)
+    if first and (group is None or disk is None):
+        swept = _quota.sweep_stale()
+        if swept:
+            _quota.log.warning("agentax sandbox: removed %d quota(s) left by killed agentax processes", swept)
+    if (group or disk) and not _WARNED:
+        missing = []
+        if group:
+            missing.append(f"no memory/process limit per sandbox ({group})")
+        if disk:
+            missing.append(f"no disk quota per sandbox ({disk})")
+        _WARNED.append("; ".join(missing))
+        _quota.log.warning(
+            "agentax sandbox: %s; each sandboxed process is still bounded by its own rlimits "
+            "(memory_mb of address space, max_file_mb per file). Run as root (or with a delegated "
+            "cgroup and CAP_SYS_ADMIN) for per-sandbox quotas.", _WARNED[0])
+    return group is None, disk is None
+
+
 def _pick_uid() -> int | None:
     """A private uid per sandbox when running as root (RLIMIT_NPROC counts per uid)."""
     if os.geteuid() != 0:
@@ -194,10 +258,24 @@ class Sandbox:
     ) -> None:
         self.config = config or SandboxConfig()
         self._uid = _pick_uid()
-        self._root = tempfile.mkdtemp(prefix="agentax-sandbox-")
-        self._finalizer = weakref.finalize(self, _cleanup, self._root)
-        self._work = os.path.join(self._root, "work")
-        self._tmp = os.path.join(self._root, "tmp")
+        self._root = tempfile.mkdtemp(prefix=f"{_quota.PREFIX}{os.getpid()}-")
+        quotas = _Quotas(self._root)
+        self._finalizer = weakref.finalize(self, quotas.release)
+        self._quotas = quotas
+        os.makedirs(quotas.disk)
+        group_ok, disk_ok = _warn_once_without_quotas(quotas.disk)
+        try:
+            if disk_ok:
+                _quota.mount_tmpfs(quotas.disk, self.config.max_disk_mb)
+                quotas.mounted = True
+            if group_ok:
+                quotas.cgroup = _quota.create_cgroup(self.config.memory_mb, self.config.max_processes)
+        except OSError as e:
+            self._finalizer()
+            raise SandboxUnavailableError(f"could not set up the sandbox's quotas: {e}") from e
+        self._work = os.path.join(quotas.disk, "work")
+        self._tmp = os.path.join(quotas.disk, "tmp")
+        self._scripts = os.path.join(self._root, "scripts")  # run_python's programs: no quota
         self._ro_paths = _isolation.python_ro_paths(self.config.python) + list(self.config.extra_ro_paths)
         reason = _isolation.probe(self.config.python, self._ro_paths, self._uid, os.path.join(self._root, "probe"))
         _cleanup(os.path.join(self._root, "probe"))
@@ -217,6 +295,7 @@ class Sandbox:
         else:
             os.makedirs(self._work)
         os.makedirs(self._tmp)
+        os.makedirs(self._scripts, mode=0o755)
         for rel, content in (files or {}).items():
             self.write_file(rel, content)
         self._chown_tree()
@@ -352,17 +431,28 @@ class Sandbox:
         limits = dict(cpu_s=c.cpu_time_s, memory_mb=c.memory_mb, max_processes=c.max_processes,
                       max_file_mb=c.max_file_mb, max_open_files=c.max_open_files)
         if not self.confined:
-            return _isolation.unconfined_command(argv, limits=limits)
-        return _isolation.confined_command(
-            argv, host_workdir=self._work, host_tmpdir=self._tmp, ro_paths=self._ro_paths,
-            env=self._env(), sandbox_uid=self._uid, limits=limits,
-        )
+            cmd = _isolation.unconfined_command(argv, limits=limits)
+        else:
+            cmd = _isolation.confined_command(
+                argv, host_workdir=self._work, host_tmpdir=self._tmp, host_scripts=self._scripts,
+                ro_paths=self._ro_paths,
+                env=self._env(), sandbox_uid=self._uid, limits=limits,
+            )
+        group = self._quotas.cgroup
+        return group.enter_argv(cmd) if group is not None else cmd
+
+    @property
+    def quotas(self) -> dict[str, bool]:
+        """Which per-sandbox bounds are in force here: {"group": cgroup, "disk": tmpfs}."""
+        return {"group": self._quotas.cgroup is not None, "disk": self._quotas.mounted}
 
     async def run(self, argv: Sequence[str], *, timeout_s: float | None = None) -> SandboxResult:
         """Runs `argv` in the sandbox (cwd = workdir). Never raises for the program's behaviour."""
         if self.closed:
             return SandboxResult(stdout="", stderr="the sandbox is closed", exit_code=None)
         timeout = self.config.timeout_s if timeout_s is None else timeout_s
+        group = self._quotas.cgroup
+        oom_before = group.oom_kills() if group is not None else 0
         t0 = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -406,6 +496,8 @@ class Sandbox:
         stdout, t_out = out.text()
         stderr, t_err = err.text()
         reason = killed[0] if killed else None
+        if reason is None and proc.returncode != 0 and group is not None and group.oom_kills() > oom_before:
+            reason = "memory_limit"
         return SandboxResult(
             stdout=stdout,
             stderr=stderr,
@@ -417,14 +509,14 @@ class Sandbox:
         )
 
     async def run_python(self, code: str, *, timeout_s: float | None = None) -> SandboxResult:
-        """Runs Python source (saved to a private file under /tmp) with the configured python."""
+        """Runs Python source with the configured python (the source is saved to a private,
+        read-only file outside the disk quota, so a full workdir cannot stop it from running)."""
         name = f"agentax_main_{secrets.token_hex(4)}.py"
-        host = os.path.join(self._tmp, name)
+        host = os.path.join(self._scripts, name)
         with open(host, "w", encoding="utf-8") as f:
             f.write(code)
-        if self._uid is not None:
-            os.lchown(host, self._uid, self._uid)
-        inside = f"/tmp/{name}" if self.confined else host
+        os.chmod(host, 0o644)
+        inside = f"{_isolation.SANDBOX_SCRIPTS}/{name}" if self.confined else host
         try:
             return await self.run([self.config.python, inside], timeout_s=timeout_s)
         finally:

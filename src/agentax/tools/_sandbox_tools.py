@@ -32,6 +32,9 @@ def format_sandbox_result(result: SandboxResult, name: str) -> ToolResult:
     elif result.killed_reason == "output_limit":
         error = "output_limit"
         parts.append("[killed: the program printed too much output]")
+    elif result.killed_reason == "memory_limit":
+        error = "memory_limit"
+        parts.append("[killed: the sandbox reached its memory limit (files written count too)]")
     elif result.exit_code is None:
         error = "crashed"
         parts.append("[the sandbox could not run the program]")
