@@ -126,3 +126,93 @@ def error_lines(stderr: str) -> list[str]:
     """The non-empty stderr lines that are not log/warning chatter of libraries."""
     return [line for line in stderr.splitlines() if line.strip()
             and not line.startswith(("WARNING", "INFO", "W0", "I0", "E0"))]
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+
+def make_run_dir(path: Path) -> Path:
+    """A run directory holding config.yaml and one RL checkpoint of the demo model (no run)."""
+    from flax import nnx
+
+    from agentax.cli import RunConfig
+    from agentax.cli._rundir import RunCheckpointer, write_config
+    from agentax.models import Transformer
+    from agentax.train import RLTrainer
+
+    path.mkdir(parents=True)
+    cfg = RunConfig()
+    write_config(path, cfg)
+    trainer = RLTrainer(Transformer(cfg.model, rngs=nnx.Rngs(0)), cfg.trainer)
+    RunCheckpointer(path).save(trainer, rl_step=1, next_group=4)
+    return path
+
+
+def bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
+    """(name, `agentax` argv, text the one-line error must contain) for each bad input.
+
+    Builds the damaged files the cases need under `tmp`.
+    """
+    from agentax.cli import RunConfig
+    from agentax.models import Transformer, save_pretrained
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    cases: list[tuple[str, list[str], str]] = [
+        ("enum: pipeline.mode", ["train", "pipeline.mode=asynch"], "'sync', 'async'"),
+        ("enum: model.dtype", ["train", "model.dtype=foo"], "'float32', 'bfloat16'"),
+        ("enum: model.hidden_act", ["train", "model.hidden_act=foo"], "'silu'"),
+        ("enum: env.task", ["sft", "env.task=maths"], "'calculator'"),
+        ("enum: trainer.off_policy", ["train", "trainer.off_policy=yes"], "'tis'"),
+        ("tool format", ["eval", "agent.tool_format=xml"], "hermes"),
+        ("negative timeout", ["train", "collector.model_timeout_s=-1"], "must be > 0"),
+        ("zero timeout", ["train", "collector.episode_timeout_s=0"], "must be > 0"),
+        ("negative size", ["train", "collector.max_episode_tokens=-5"], "must be >= 0"),
+        ("NaN learning rate", ["train", "trainer.learning_rate=nan"], "not a finite number"),
+        ("inf temperature", ["train", "sampling.temperature=.inf"], "not a finite number"),
+        ("unknown key", ["train", "trainer.learnin_rate=1"], "learning_rate"),
+        ("bad override", ["train", "steps"], "neither a YAML file nor a recipe"),
+    ]
+    dup = tmp / "dup.yaml"
+    dup.write_text("run:\n  steps: 3\n  steps: 4\n")
+    cases.append(("duplicate YAML key", ["train", str(dup)], "appears twice"))
+    broken = tmp / "broken.yaml"
+    broken.write_text("run: [steps: 3\n")
+    cases.append(("invalid YAML", ["train", str(broken)], "not valid YAML"))
+
+    cfg = RunConfig()
+    hf = tmp / "hf"
+    save_pretrained(Transformer(cfg.model), hf)
+    truncated = tmp / "hf_truncated"
+    truncated.mkdir()
+    (truncated / "config.json").write_text((hf / "config.json").read_text())
+    data = (hf / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    cases.append(("truncated safetensors", ["eval", f"init.model_path={truncated}",
+                                            "init.tokenizer=byte"], "model.safetensors"))
+    listed = tmp / "hf_list"
+    listed.mkdir()
+    (listed / "config.json").write_text("[1, 2]")
+    cases.append(("config.json is a list", ["eval", f"init.model_path={listed}"], "config.json"))
+
+    good = make_run_dir(tmp / "run_ok")
+    out = tmp / "exported"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    cases.append(("export onto an existing path", ["export", str(good), str(out)],
+                  "already exists"))
+    damaged = make_run_dir(tmp / "run_damaged_state")
+    for f in (damaged / "checkpoints" / "step_1" / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+    cases.append(("damaged Orbax checkpoint: export", ["export", str(damaged), str(tmp / "o1")],
+                  "step_1"))
+    cases.append(("damaged Orbax checkpoint: resume", ["train", str(damaged), "-q"], "step_1"))
+    meta = make_run_dir(tmp / "run_damaged_meta")
+    (meta / "checkpoints" / "step_1" / "meta.json").write_text("{not json")
+    cases.append(("damaged meta.json", ["export", str(meta), str(tmp / "o2")], "meta.json"))
+    cfg_bad = make_run_dir(tmp / "run_damaged_config")
+    (cfg_bad / "config.yaml").write_text("run: {steps: [}\n")
+    cases.append(("damaged config.yaml", ["train", str(cfg_bad)], "config.yaml"))
+    cases.append(("not a run directory", ["export", str(tmp), str(tmp / "o3")], "config.yaml"))
+    cases.append(("doctor on a missing dir", ["doctor", str(tmp / "nope")], "nope"))
+    return cases

@@ -95,9 +95,11 @@ def read_checkpoint_meta(path) -> dict:
     try:
         meta = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DamagedCheckpointError(f"{file} cannot be read ({e})") from None
+        raise DamagedCheckpointError(f"{file} cannot be read ({e}); delete {Path(path)} to "
+                                     "fall back to the previous checkpoint") from None
     if not isinstance(meta, dict) or "kind" not in meta:
-        raise DamagedCheckpointError(f"{file} is not a checkpoint's meta.json")
+        raise DamagedCheckpointError(f"{file} is not a checkpoint's meta.json; delete "
+                                     f"{Path(path)} to fall back to the previous checkpoint")
     return meta
 
 
@@ -180,12 +182,13 @@ def restore_trainer_checkpoint(trainer, directory, step: int | None = None) -> i
     except (ValueError, KeyError) as e:
         raise DamagedCheckpointError(
             f"checkpoint {path / 'state'} cannot be restored into this trainer "
-            f"({' '.join(str(e).split())[:300]}): it is damaged, or was saved with a different "
-            "trainer config") from None
+            f"({' '.join(str(e).split())[:200]}): it is damaged (delete {path} to fall back to "
+            "the previous checkpoint) or was saved with a different trainer config") from None
     except Exception as e:  # noqa: BLE001 - tensorstore/OS errors of damaged files
         raise DamagedCheckpointError(
             f"checkpoint {path / 'state'} cannot be read ({type(e).__name__}: "
-            f"{' '.join(str(e).split())[:300]})") from None
+            f"{' '.join(str(e).split())[:200]}); delete {path} to fall back to the previous "
+            "checkpoint") from None
     finally:
         ckptr.close()
     trainer._load_checkpoint(state, meta)
