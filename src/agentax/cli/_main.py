@@ -254,6 +254,15 @@ _USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryEr
                 IsADirectoryError, PermissionError, ValueError)
 
 
+def _explains_itself(error: Exception) -> bool:
+    """Run failures whose message names the cause and the knob (exit 1, no type name)."""
+    if "agentax.train" in sys.modules:
+        from agentax.train import NonFiniteUpdateError
+
+        return isinstance(error, NonFiniteUpdateError)
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `agentax` script; returns the exit status.
 
@@ -277,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         user = isinstance(e, _USER_ERRORS)
         text = " ".join(str(e).split()) or "(no message)"
-        name = "" if user else f"{type(e).__name__}: "
-        hint = "" if user or args.debug else " (run again with --debug for the traceback)"
+        plain = user or _explains_itself(e)
+        name = "" if plain else f"{type(e).__name__}: "
+        hint = "" if plain or args.debug else " (run again with --debug for the traceback)"
         print(f"agentax {args.command}: error: {name}{text}{hint}", file=sys.stderr)
         return 2 if user else 1
