@@ -256,6 +256,11 @@ _USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryEr
 
 def _explains_itself(error: Exception) -> bool:
     """Run failures whose message names the cause and the knob (exit 1, no type name)."""
+    if "agentax.pipeline" in sys.modules:
+        from agentax.pipeline import RunFailed
+
+        if isinstance(error, RunFailed):
+            return True
     if "agentax.train" in sys.modules:
         from agentax.train import NonFiniteUpdateError
 

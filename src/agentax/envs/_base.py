@@ -14,7 +14,9 @@ The collector records ENV_RESET / ENV_STEP spans around these calls; environment
 TOOL_CALL and REWARD spans inside them (on the caller's current track).
 
 Synchronous environments (plain `reset` / `step` methods) are adapted by `ensure_async_env`,
-which runs them on a thread of their own so that a hung step can never starve a shared pool.
+which runs them on the bounded "env" stage pool (`agentax._executors`): daemon threads, so a
+step abandoned after its timeout never keeps the process from exiting, and a pool of its own,
+so hung environment calls never starve tools or rewards.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from agentax._executors import stage_executor
 from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
 
 __all__ = ["Environment", "EnvError", "ensure_async_env"]
@@ -253,8 +256,9 @@ class Environment(abc.ABC):
 class _SyncEnvAdapter(Environment):
     """Runs a synchronous environment (plain `reset` / `step` / optional `close`) on a thread.
 
-    Each adapted environment owns a one-thread executor: a step that hangs past its timeout
-    keeps only that thread busy (the environment is then marked broken), never a shared pool.
+    Calls go to the shared, bounded "env" stage pool. A step that hangs past its timeout keeps
+    one (daemon) thread of that pool busy and marks the environment broken; it never blocks
+    the event loop, the tool or reward pools, or process exit.
     """
 
     def __init__(self, env: Any, **limits: Any) -> None:
@@ -265,18 +269,10 @@ class _SyncEnvAdapter(Environment):
                 if value is not None:
                     setattr(self, name, value)
         self.inner = env
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._last: concurrent.futures.Future | None = None
 
     def _run(self, fn: Any, *args: Any) -> asyncio.Future:
-        if self._last is not None and not self._last.done() and self._pool is not None:
-            # The previous call hung past its timeout and still holds the thread: abandon that
-            # thread (it ends with the process) and continue on a fresh one.
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"env-{type(self.inner).__name__}")
-        self._last = self._pool.submit(fn, *args)
+        self._last = stage_executor("env").submit(fn, *args)
         return asyncio.wrap_future(self._last)
 
     async def _reset(self, task: Task) -> Observation | str:
@@ -286,15 +282,10 @@ class _SyncEnvAdapter(Environment):
         return await self._run(self.inner.step, action)
 
     async def _close(self) -> None:
-        try:
-            close = getattr(self.inner, "close", None)
-            if callable(close) and (self._last is None or self._last.done()):
-                await self._run(close)
-        finally:
-            if self._pool is not None:
-                # Do not wait: a hung call keeps its own thread, which dies with the process.
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
+        close = getattr(self.inner, "close", None)
+        # After a hung call the inner environment is still busy on its thread: leave it be.
+        if callable(close) and (self._last is None or self._last.done()):
+            await self._run(close)
 
     def __repr__(self) -> str:
         return f"ensure_async_env({self.inner!r})"

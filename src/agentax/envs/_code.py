@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from agentax._executors import stage_executor
 from agentax.envs._base import EnvError
 from agentax.envs._reward import RewardFn
 from agentax.envs._tool import ToolEnvironment
@@ -84,7 +85,7 @@ class CodeEnvironment(ToolEnvironment):
     async def _make_tools(self, task: Task) -> ToolRegistry:
         self._drop_sandbox()
         # Creating a sandbox probes isolation and copies files: keep it off the event loop.
-        self.sandbox = await asyncio.get_running_loop().run_in_executor(None, self._new_sandbox, task)
+        self.sandbox = await asyncio.get_running_loop().run_in_executor(stage_executor("env"), self._new_sandbox, task)
         return ToolRegistry(self._sandbox_tools(self.sandbox))
 
     async def _score(self, task: Task, answer: str) -> float:

@@ -11,7 +11,6 @@ and the valid actions as its next observation (the step still counts toward `max
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import re
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from agentax._executors import StageExecutor
 from agentax.envs._base import Environment
 from agentax.records import Action, Observation, StepResult, Task
 
@@ -116,7 +116,8 @@ class GymnasiumEnvironment(Environment):
         self.invalid_action_reward = float(invalid_action_reward)
         self.invalid_actions = 0
         """Invalid actions over this wrapper's lifetime."""
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gym") if threaded else None
+        # One daemon thread of its own (some gym envs are thread-affine); never blocks exit.
+        self._pool = StageExecutor("gym", 1) if threaded else None
         self._last_obs: Any = None
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -178,7 +179,7 @@ class GymnasiumEnvironment(Environment):
     async def _close(self) -> None:
         self.gym_env.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
 
 
 # ---------------------------------------------------------------------------- FrozenLake

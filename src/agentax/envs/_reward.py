@@ -1,7 +1,8 @@
 """Calling a reward function (sync or async) from an environment, with a timeout.
 
 A reward is a callable `(task, response) -> float` (agentax.rewards contract). Async rewards
-are awaited; sync ones run in the default executor so a slow verifier never blocks the loop.
+are awaited; sync ones run on the bounded "reward" stage pool (daemon threads, not shared with
+environments or tools), so a slow verifier never blocks the loop or waits behind a hung tool.
 A reward that raises, hangs or returns a non-number ends the episode as REWARD_ERROR.
 """
 
@@ -14,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from agentax._executors import stage_executor
 from agentax.envs._base import EnvError
 from agentax.records import Task, TrajectoryStatus
 from agentax.trace import get_tracer, names
@@ -43,7 +45,7 @@ async def compute_reward(reward_fn: RewardFn, task: Task, response: str, *, time
         else:
             loop = asyncio.get_running_loop()
             value = await asyncio.wait_for(
-                loop.run_in_executor(None, functools.partial(reward_fn, task, response)), timeout_s
+                loop.run_in_executor(stage_executor("reward"), functools.partial(reward_fn, task, response)), timeout_s
             )
             if inspect.isawaitable(value):
                 value = await asyncio.wait_for(value, timeout_s)

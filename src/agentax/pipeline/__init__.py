@@ -1,9 +1,16 @@
 """agentax.pipeline: rollout and training as overlapping stages with bounded staleness."""
 
 from agentax.pipeline._accounting import Accounting, AccountingError
+from agentax.pipeline._breaker import RunFailed
 from agentax.pipeline._config import GROUP_FILTERS, PipelineConfig
 from agentax.pipeline._placement import Placement
-from agentax.pipeline._pipeline import Pipeline, PipelineResult, StepRecord, group_staleness
+from agentax.pipeline._pipeline import (
+    Pipeline,
+    PipelineResult,
+    StepRecord,
+    drop_all_equal_rewards,
+    group_staleness,
+)
 from agentax.pipeline._staleness import StalenessGate
 
 __all__ = [
@@ -14,7 +21,9 @@ __all__ = [
     "PipelineConfig",
     "PipelineResult",
     "Placement",
+    "RunFailed",
     "StalenessGate",
     "StepRecord",
+    "drop_all_equal_rewards",
     "group_staleness",
 ]

@@ -28,15 +28,32 @@ class PipelineConfig:
     """Episodes in flight at once (each needs an engine slot while it decodes)."""
     publish_every: int = 1
     """Publish weights to the engine after every k optimizer steps."""
-    queue_size: int = 0
-    """Complete groups that may wait for the trainer before producers block; 0 means
-    groups_per_step * (max_staleness + 1)."""
     filters: tuple[str, ...] = ("all_equal_rewards",)
     """Group filters applied before training (see GROUP_FILTERS)."""
     seed: int = 0
     """Run seed; each episode's sampling seed derives from (seed, group index, sample index)."""
+    breaker_window: int = 64
+    """The failure breaker watches this many of the latest finished episodes (0 disables it;
+    a dead engine still stops the run)."""
+    breaker_failure_rate: float = 1.0
+    """The run stops when at least this fraction of the watched episodes failed for the same
+    reason (1.0: every one of them)."""
+    stall_timeout_s: float = 900.0
+    """The run stops when no group reached the trainer for this long (keep it above
+    collector.episode_timeout_s)."""
+    loop_block_limit_s: float = 10.0
+    """The run stops when the event loop was blocked this long (e.g. `time.sleep` inside an
+    async environment step); 0 disables the watchdog."""
+    env_threads: int = 32
+    """Threads for synchronous environment calls (a pool of their own, daemon threads)."""
+    tool_threads: int = 32
+    """Threads for synchronous tool calls (a pool of their own, daemon threads)."""
+    reward_threads: int = 16
+    """Threads for synchronous reward functions (a pool of their own, daemon threads)."""
 
     def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"pipeline.mode must be 'sync' or 'async', got {self.mode!r}")
         if self.max_staleness < 0:
             raise ValueError(
                 f"pipeline.max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}"
@@ -53,10 +70,21 @@ class PipelineConfig:
                 f"versions stale, above max_staleness={self.max_staleness}; raise max_staleness "
                 "or publish every step"
             )
+        if self.breaker_window < 0:
+            raise ValueError(f"pipeline.breaker_window must be >= 0 (0 disables), got {self.breaker_window}")
+        if not 0.0 < self.breaker_failure_rate <= 1.0:
+            raise ValueError(
+                f"pipeline.breaker_failure_rate must be in (0, 1], got {self.breaker_failure_rate}"
+            )
+        if not self.stall_timeout_s > 0 or self.stall_timeout_s == float("inf"):
+            raise ValueError(f"pipeline.stall_timeout_s must be a positive number of seconds, "
+                             f"got {self.stall_timeout_s}")
+        if not self.loop_block_limit_s >= 0 or self.loop_block_limit_s == float("inf"):
+            raise ValueError(f"pipeline.loop_block_limit_s must be >= 0 seconds (0 disables), "
+                             f"got {self.loop_block_limit_s}")
+        for name in ("env_threads", "tool_threads", "reward_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")
         unknown = sorted(set(self.filters) - set(GROUP_FILTERS))
         if unknown:
             raise ValueError(f"unknown pipeline.filters {unknown}; choose from {list(GROUP_FILTERS)}")
-
-    @property
-    def effective_queue_size(self) -> int:
-        return self.queue_size or self.groups_per_step * (self.max_staleness + 1)

@@ -2,15 +2,18 @@
 
 async mode (the point of agentax):
 
-    producer ──(StalenessGate)──► episodes (≤ max_concurrency, engine-batched) ──► GroupQueue
+    producer ──(StalenessGate)──► group of G episodes (engine-batched) ──► filters ──► ready
                                                                                       │ complete
     engine ◄── weights, version v ◄── trainer.step(groups_per_step groups) ◄──────────┘ groups
 
 * The producer admits a new group only while the staleness bound allows it (`StalenessGate`),
-  and only while fewer than `max_concurrency` episodes are in flight.
-* The trainer takes complete groups in arrival order — no batch barrier — and steps as soon as
-  it has `groups_per_step` of them; a group whose tokens would be staler than
-  `max_staleness` is dropped and counted (a safety net; admission normally prevents it).
+  and only while fewer than `max_concurrency` episodes are in flight. A group is its G episodes
+  run with `asyncio.gather`; failed members sink the group and the configured filters
+  (`GROUP_FILTERS`) run on it — a dropped group is counted by reason and its place released.
+* The trainer takes complete groups as they arrive — no batch barrier — earliest staleness
+  deadline first, and steps as soon as it has `groups_per_step` of them. It waits for a
+  straggler only when the straggler's deadline has come, so no admitted group goes stale; a
+  group staler than `max_staleness` anyway is dropped and counted (a safety net).
 * New weights go to the engine between two decode steps, tagged with their version;
   in-flight episodes keep going.
 
@@ -20,6 +23,7 @@ exactly the same groups with the same seeds and trains on the same tokens.
 
 The trainer step (a blocking JAX call) runs on its own thread so the event loop keeps
 collecting meanwhile. Every started episode ends up trained, filtered or failed (`Accounting`).
+A run that cannot make progress stops with `RunFailed` (see `_breaker.py`).
 """
 
 from __future__ import annotations
@@ -34,19 +38,31 @@ from typing import Any
 
 import numpy as np
 
+from agentax._executors import set_stage_threads
 from agentax.pipeline._accounting import Accounting
+from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
 from agentax.pipeline._config import PipelineConfig
 from agentax.pipeline._staleness import StalenessGate
 from agentax.records import Group, Task, Trajectory, TrajectoryStatus
-from agentax.rollout import Collector, GroupQueue, drop_all_equal_rewards, episode_seed
+from agentax.rollout import Collector, episode_seed
 from agentax.trace import get_tracer, names
 
-__all__ = ["Pipeline", "PipelineResult", "StepRecord", "group_staleness"]
+__all__ = ["Pipeline", "PipelineResult", "StepRecord", "drop_all_equal_rewards", "group_staleness"]
 
 log = logging.getLogger(__name__)
 _DROP_STREAK_WARNING = 8  # in units of groups_per_step
 
 _TRAINABLE = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
+
+
+def drop_all_equal_rewards(group: Group) -> str | None:
+    """DAPO dynamic sampling: a group whose rewards are all equal has zero advantage."""
+    rewards = group.rewards
+    if len(rewards) > 1 and np.all(rewards == rewards[0]):
+        return "all_equal_rewards"
+    return None
+
+
 _FILTERS = {"all_equal_rewards": drop_all_equal_rewards}
 
 
@@ -107,6 +123,7 @@ class Pipeline:
       publish: how weights reach the engine, `publish(trainer, engine, version)`; default
         `engine.update_weights(trainer.params_for_engine(), version)` (a pointer swap when
         colocated; pass a resharding publisher for disaggregated placement).
+      start_version / start_group: where a resumed run continues.
     """
 
     def __init__(
@@ -136,8 +153,12 @@ class Pipeline:
         self.version = start_version
         self.next_group = start_group
         """Index of the next group to admit (the task/data position, saved in checkpoints)."""
+        self.breaker = FailureBreaker(config.breaker_window, config.breaker_failure_rate)
+        set_stage_threads(env=config.env_threads, tool=config.tool_threads, reward=config.reward_threads)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentax-trainer")
         self._drop_streak = 0
+        self._failure: asyncio.Future | None = None
+        self._waiting_since: float | None = None  # the trainer waits for groups since then
 
     # ------------------------------------------------------------------ shared pieces
 
@@ -145,9 +166,6 @@ class Pipeline:
         if callable(self.tasks):
             return self.tasks(group_index)
         return self.tasks[group_index % len(self.tasks)]
-
-    def _filters(self):
-        return [_FILTERS[name] for name in self.config.filters]
 
     def _account_dropped(self, group: Group, reason: str) -> None:
         for traj in group.trajectories:
@@ -166,6 +184,8 @@ class Pipeline:
                 "under the 'all_equal_rewards' filter",
                 self._drop_streak, dict(self.accounting.filtered), dict(self.accounting.failed),
             )
+        if kept is not None and self._waiting_since is not None:
+            self._waiting_since = time.perf_counter()  # a group reached the trainer: progress
         return kept
 
     def _screen_group(self, group: Group) -> Group | None:
@@ -178,12 +198,17 @@ class Pipeline:
                 else:
                     self.accounting.failed[traj.status.value] += 1
             return None
-        for keep in self._filters():
-            reason = keep(group)
+        for name in self.config.filters:
+            reason = _FILTERS[name](group)
             if reason is not None:
                 self._account_dropped(group, reason)
                 return None
         return group
+
+    def _fail(self, error: RunFailed) -> None:
+        """Stops the run with `error` (the first reason wins)."""
+        if self._failure is not None and not self._failure.done():
+            self._failure.set_exception(error)
 
     async def _run_group(self, index: int, episodes: asyncio.Semaphore) -> Group:
         task = self.task_for(index)
@@ -192,16 +217,21 @@ class Pipeline:
         async def one(sample: int) -> Trajectory:
             async with episodes:
                 self.accounting.started += 1
-                return await self.collector.run_episode(
+                traj = await self.collector.run_episode(
                     task, seed=episode_seed(self.config.seed, index, sample),
                     group_id=group_id, sample_index=sample,
                 )
+            error = self.breaker.record(traj)
+            if error is not None:
+                self._fail(error)
+            return traj
 
         with self.tracer.span(names.ROLLOUT, track=names.COLLECTOR_TRACK, args={"group": group_id}):
             trajs = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
         return Group(group_id=group_id, task_id=task.id, trajectories=tuple(trajs))
 
     async def _train(self, groups: list[Group], wait_s: float, t_start: float) -> StepRecord:
+        self._waiting_since = None
         groups.sort(key=lambda g: int(g.group_id[1:]))  # deterministic order inside a step
         staleness = tuple(group_staleness(g, self.version) for g in groups)
         flows = [t.info["flow_id"] for g in groups for t in g.trajectories if "flow_id" in t.info]
@@ -237,25 +267,70 @@ class Pipeline:
         )
         if self.on_step is not None:
             self.on_step(record)
+        self._waiting_since = time.perf_counter()
         return record
 
     # ------------------------------------------------------------------ entry points
 
     def run(self, num_steps: int) -> PipelineResult:
-        """Runs `num_steps` optimizer steps (blocking); see `arun`."""
-        return asyncio.run(self.arun(num_steps))
+        """Runs `num_steps` optimizer steps (blocking); see `arun`.
+
+        Unlike `asyncio.run`, it does not wait forever at the end for tasks that ignore
+        cancellation (an environment swallowing CancelledError): they are abandoned.
+        """
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(self.arun(num_steps))
+        finally:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=self._cancel_grace_s()))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
     async def arun(self, num_steps: int) -> PipelineResult:
-        """Runs `num_steps` optimizer steps in the configured mode; checks the accounting."""
+        """Runs `num_steps` optimizer steps in the configured mode; checks the accounting.
+
+        Raises:
+          RunFailed: the run cannot make progress (persistent failures, a dead engine, no
+            group for `stall_timeout_s`, a blocked event loop); its message is one line.
+        """
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         t_start = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        self._failure = loop.create_future()
+        self._waiting_since = t_start
+        cfg = self.config
+        run = self._run_sync if cfg.mode == "sync" else self._run_async
+        body = asyncio.create_task(run(num_steps, t_start))
+        stall = asyncio.create_task(self._watch_stall())
+        watchdog = LoopWatchdog(cfg.loop_block_limit_s, self._fail) if cfg.loop_block_limit_s else None
+        if watchdog is not None:
+            watchdog.start()
         try:
-            if self.config.mode == "sync":
-                steps = await self._run_sync(num_steps, t_start)
-            else:
-                steps = await self._run_async(num_steps, t_start)
+            await asyncio.wait({body, self._failure}, return_when=asyncio.FIRST_COMPLETED)
+            if not body.done():
+                body.cancel()
+            steps = await _result_or_failure(body, self._failure)
         finally:
+            if watchdog is not None:
+                watchdog.stop()
+            stall.cancel()
+            body.cancel()
+            # Bounded: an environment that swallows CancelledError must not hang the shutdown.
+            _, stuck = await asyncio.wait({body, stall}, timeout=self._cancel_grace_s())
+            if stuck:
+                log.error("episodes ignored cancellation for %.0f s (%s); abandoning them",
+                          self._cancel_grace_s(), describe_stuck(list(asyncio.all_tasks())) or "?")
+            if self._failure.done():
+                self._failure.exception()  # retrieved (raised above, or the run had finished)
+            else:
+                self._failure.cancel()
+            self._settle_in_flight()
+            self._waiting_since = None
             self._executor.shutdown(wait=True)
         self.accounting.check()
         wall = time.perf_counter() - t_start
@@ -265,6 +340,29 @@ class Pipeline:
             trainer_wait_s=sum(s.trainer_wait_s for s in steps),
             trajectories_trained=self.accounting.trained,
         )
+
+    async def _watch_stall(self) -> None:
+        """Fails the run when no group reached the trainer for `stall_timeout_s`."""
+        limit = self.config.stall_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            since = self._waiting_since
+            if since is None or time.perf_counter() - since <= limit:
+                continue
+            acc = self.accounting
+            stuck = describe_stuck(list(asyncio.all_tasks()))
+            knob = f"pipeline.stall_timeout_s (now {limit:g})"
+            if acc.filtered.get("all_equal_rewards"):
+                knob += ("; or pipeline.filters=[] to train on groups whose rewards are all "
+                         "equal, or warm-start the policy")
+            self._fail(RunFailed(
+                "stalled",
+                f"no group reached the trainer for {limit:g} s ({acc.in_flight} episodes in "
+                f"flight{', waiting in ' + stuck if stuck else ''}; dropped so far: filtered "
+                f"{dict(acc.filtered)}, failed {dict(acc.failed)})",
+                knob=knob,
+            ))
+            return
 
     async def _run_sync(self, num_steps: int, t_start: float) -> list[StepRecord]:
         cfg = self.config
@@ -286,84 +384,113 @@ class Pipeline:
     async def _run_async(self, num_steps: int, t_start: float) -> list[StepRecord]:
         cfg = self.config
         gate = StalenessGate(cfg.max_staleness, cfg.groups_per_step)
-        gate_base = self.version  # admission counts steps (and versions) from this run's start
-        ready: asyncio.Queue[Group] = asyncio.Queue(cfg.effective_queue_size)
+        base = self.version  # the gate counts versions from this run's start
+        ready: asyncio.Queue[tuple[int, Group]] = asyncio.Queue()  # bounded by the gate
         episodes = asyncio.Semaphore(cfg.max_concurrency)
         running: set[asyncio.Task] = set()
-        stop = asyncio.Event()
 
-        async def group_done(index: int) -> None:
+        async def group_done(index: int, deadline: int) -> None:
             group = await self._run_group(index, episodes)
             if self._screen(group) is None:
-                await gate.release()
+                await gate.release(deadline)
                 return
-            if ready.full():
-                with self.tracer.span(names.PRODUCER_BLOCKED, track=names.COLLECTOR_TRACK):
-                    await ready.put(group)
-            else:
-                ready.put_nowait(group)
+            ready.put_nowait((deadline, group))
             self.tracer.counter(names.QUEUE_DEPTH, ready.qsize())
 
         async def produce() -> None:
-            while not stop.is_set():
+            while True:
                 # Never start more groups than there are episode slots to run them.
                 while len(running) * cfg.group_size >= cfg.max_concurrency + cfg.group_size - 1:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 if gate.would_block():
                     with self.tracer.span(names.STALENESS_WAIT, track=names.COLLECTOR_TRACK):
-                        await gate.acquire()
+                        deadline = await gate.acquire()
                 else:
-                    await gate.acquire()
-                if stop.is_set():
-                    return
+                    deadline = await gate.acquire()
                 index = self.next_group
                 self.next_group += 1
-                task = asyncio.create_task(group_done(index))
+                task = asyncio.create_task(group_done(index, deadline))
                 running.add(task)
                 task.add_done_callback(running.discard)
 
         producer = asyncio.create_task(produce())
+        pool: list[tuple[int, Group]] = []  # complete groups the trainer has not taken yet
         steps: list[StepRecord] = []
         try:
             while len(steps) < num_steps:
-                batch: list[Group] = []
+                batch: list[tuple[int, Group]] = []
                 t_wait = time.perf_counter()
                 with self.tracer.span(names.TRAINER_WAIT, track=names.TRAINER_TRACK):
                     while len(batch) < cfg.groups_per_step:
-                        group = await _next_group(ready, producer)
-                        s = group_staleness(group, self.version)
-                        if s > cfg.max_staleness:
-                            self._account_dropped(group, "stale")
-                            await gate.release()
-                            continue
-                        batch.append(group)
+                        while not ready.empty():
+                            pool.append(ready.get_nowait())
+                        picked = await self._pick(gate, pool, batch)
+                        if picked is None:
+                            pool.append(await _next_group(ready, producer))
+                        else:
+                            batch.append(picked)
                 wait_s = time.perf_counter() - t_wait
-                steps.append(await self._train(batch, wait_s, t_start))
+                steps.append(await self._train([g for _, g in batch], wait_s, t_start))
+                await gate.step(d for d, _ in batch)
                 if self.version % cfg.publish_every == 0:
-                    await gate.set_version(self.version - gate_base)
+                    await gate.publish(self.version - base)
         finally:
-            stop.set()
             producer.cancel()
             for task in list(running):
                 task.cancel()
-            await asyncio.gather(producer, *running, return_exceptions=True)
-            self._settle_leftovers(ready)
+            await asyncio.wait({producer, *running}, timeout=self._cancel_grace_s())
+            while not ready.empty():
+                pool.append(ready.get_nowait())
+            for _, group in pool:
+                self._account_dropped(group, "unconsumed_at_end")
         return steps
 
-    def _settle_leftovers(self, ready: asyncio.Queue) -> None:
-        """At shutdown: count what was collected but not trained, and what was cancelled."""
-        while not ready.empty():
-            self._account_dropped(ready.get_nowait(), "unconsumed_at_end")
+    async def _pick(self, gate: StalenessGate, pool: list, batch: list) -> tuple[int, Group] | None:
+        """The complete group to add to `batch` (earliest deadline first), or None to wait."""
+        pool.sort(key=lambda item: (item[0], int(item[1].group_id[1:])))
+        for item in list(pool):
+            deadline, group = item
+            if group_staleness(group, self.version) > self.config.max_staleness:
+                pool.remove(item)  # only possible with weights published out of band
+                self._account_dropped(group, "stale")
+                await gate.release(deadline)
+                continue
+            if gate.fits((d for d, _ in batch), deadline):
+                pool.remove(item)
+                return item
+        return None
+
+    def _cancel_grace_s(self) -> float:
+        """How long cancelled episodes get to unwind (they close their environments)."""
+        close_s = getattr(getattr(self.collector, "config", None), "close_timeout_s", 10.0)
+        return float(close_s) + 5.0
+
+    def _settle_in_flight(self) -> None:
+        """At shutdown: episodes started but never finished are counted as cancelled."""
         missing = self.accounting.in_flight
         if missing > 0:
             self.accounting.failed[TrajectoryStatus.CANCELLED.value] += missing
             self.accounting.statuses[TrajectoryStatus.CANCELLED.value] += missing
 
 
-async def _next_group(ready: asyncio.Queue, producer: asyncio.Task) -> Group:
+async def _result_or_failure(body: asyncio.Task, failure: asyncio.Future) -> list[StepRecord]:
+    """The run's steps; raises the breaker's `RunFailed` if it stopped the run first."""
+    try:
+        return await body
+    except asyncio.CancelledError:
+        if failure.done():
+            raise failure.exception() from None
+        raise
+
+
+async def _next_group(ready: asyncio.Queue, producer: asyncio.Task) -> tuple[int, Group]:
     """The next complete group; re-raises if the producer died instead of waiting forever."""
     get = asyncio.ensure_future(ready.get())
-    done, _ = await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        get.cancel()
+        raise
     if get in done:
         return get.result()
     get.cancel()

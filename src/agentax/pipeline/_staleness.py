@@ -1,30 +1,45 @@
-"""Admission control that keeps every trained token within `max_staleness` policy versions.
+"""Admission and batch choice that keep every trained token within `max_staleness` versions.
 
-Group number i (in admission order, counting only groups that will reach the trainer) is
-destined for optimizer step floor(i / groups_per_step). Its tokens are sampled with weights of
-version >= the version at admission, and trained when the trainer holds version
-floor(i / groups_per_step). Admitting group i only once the trainer's version is at least
-floor(i / groups_per_step) - max_staleness therefore bounds staleness by construction;
-`max_staleness = 0` admits a step's groups only after the previous step's weights are
-published — exactly the synchronous loop.
+A group admitted while the engine holds published version `p` samples every token with
+weights of version >= p, so it may be trained at any trainer version <= p + max_staleness: its
+**deadline**. The gate keeps the groups admitted but not yet trained (or dropped) *schedulable*:
+the trainer, now at version t, takes `groups_per_step` groups per step, so for every version d
 
-Groups that are filtered or fail never reach the trainer; `release` hands their place back so
-the next admitted group takes it.
+    #(outstanding groups with deadline <= d)  <=  (d - t + 1) * groups_per_step.       (*)
+
+* Admission (`acquire`) adds a group with deadline p + max_staleness, the latest possible one,
+  so it only needs room at that deadline: `outstanding < (p + max_staleness - t + 1) * gps`.
+* The trainer (`fits`) builds each batch from complete groups, earliest deadline first, and
+  takes a group only if the groups that (*) forces into *this* step still fit into the batch;
+  otherwise it waits for them. After the step (*) holds again for version t + 1.
+
+So no admitted group can miss its deadline: instead of dropping a straggler as stale, the
+trainer waits for it when (and only when) its deadline has come. The bound is never relaxed;
+a group that is staler than `max_staleness` anyway (it can only happen if weights are
+published out of band) is still dropped and counted by the pipeline.
+
+`max_staleness = 0` admits a step's groups only once the previous step's weights are
+published, and the trainer must take exactly those: the synchronous loop. Groups that are
+filtered or fail never reach the trainer; `release` hands their place back.
+
+Versions here count from the start of the run (the pipeline subtracts its start version).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+from collections.abc import Iterable
 
 __all__ = ["StalenessGate"]
 
 
 class StalenessGate:
-    """An asyncio gate: `await acquire()` before starting a group, `release()` if it is dropped.
+    """Admission control and deadline bookkeeping for bounded-staleness training.
 
     Args:
       max_staleness: how many versions behind the trainer a trained token may be (>= 0).
-      groups_per_step: groups consumed by one optimizer step.
+      groups_per_step: groups consumed by one optimizer step (>= 1).
     """
 
     def __init__(self, max_staleness: int, groups_per_step: int):
@@ -34,41 +49,82 @@ class StalenessGate:
             raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
         self.max_staleness = max_staleness
         self.groups_per_step = groups_per_step
-        self._admitted = 0  # groups admitted that still count toward a step
-        self._version = 0
+        self.trained = 0
+        """The trainer's version (optimizer steps taken)."""
+        self.published = 0
+        """The version the engine samples new groups with."""
+        self._deadlines: collections.Counter[int] = collections.Counter()  # outstanding groups
         self._cond = asyncio.Condition()
 
-    @property
-    def version(self) -> int:
-        return self._version
+    # ------------------------------------------------------------------ state
 
     @property
-    def admitted(self) -> int:
-        return self._admitted
+    def outstanding(self) -> int:
+        """Groups admitted and not yet trained or released."""
+        return sum(self._deadlines.values())
 
-    def _open(self) -> bool:
-        target_step = self._admitted // self.groups_per_step
-        return target_step - self._version <= self.max_staleness
+    def capacity(self) -> int:
+        """How many groups may be outstanding at once now."""
+        return (self.published + self.max_staleness - self.trained + 1) * self.groups_per_step
 
     def would_block(self) -> bool:
-        return not self._open()
+        return self.outstanding >= self.capacity()
+
+    def _forced(self, d: int) -> int:
+        """Groups with deadline <= d that must be in the batch of the current step."""
+        due = sum(n for deadline, n in self._deadlines.items() if deadline <= d)
+        return due - (d - self.trained) * self.groups_per_step
+
+    # ------------------------------------------------------------------ producer side
 
     async def acquire(self) -> int:
-        """Waits until one more group may start; returns the step it is destined for."""
+        """Waits until one more group may start; returns its deadline (a trainer version)."""
         async with self._cond:
-            await self._cond.wait_for(self._open)
-            step = self._admitted // self.groups_per_step
-            self._admitted += 1
-            return step
+            await self._cond.wait_for(lambda: not self.would_block())
+            deadline = self.published + self.max_staleness
+            self._deadlines[deadline] += 1
+            return deadline
 
-    async def release(self) -> None:
-        """A previously admitted group will not reach the trainer: give its place back."""
+    async def release(self, deadline: int) -> None:
+        """An admitted group will not be trained (filtered, failed, stale): free its place."""
         async with self._cond:
-            self._admitted -= 1
+            self._remove(deadline)
             self._cond.notify_all()
 
-    async def set_version(self, version: int) -> None:
-        """The trainer published `version`; groups for later steps may start."""
+    # ------------------------------------------------------------------ trainer side
+
+    def fits(self, batch: Iterable[int], deadline: int) -> bool:
+        """Whether a complete group with `deadline` may join a batch holding `batch` deadlines.
+
+        True unless taking it would leave too few places for groups that (*) forces into this
+        step — those with an earlier deadline that are still running or not yet chosen.
+        """
+        batch = list(batch)
+        left = self.groups_per_step - len(batch) - 1
+        if left < 0:
+            return False
+        for d in sorted({d for d in self._deadlines if d < deadline}):
+            if self._forced(d) - sum(b <= d for b in batch) > left:
+                return False
+        return True
+
+    async def step(self, batch: Iterable[int]) -> None:
+        """The trainer took one optimizer step on groups with these deadlines."""
         async with self._cond:
-            self._version = version
+            for deadline in batch:
+                self._remove(deadline)
+            self.trained += 1
             self._cond.notify_all()
+
+    async def publish(self, version: int) -> None:
+        """The engine now samples with `version`; groups with later deadlines may start."""
+        async with self._cond:
+            self.published = version
+            self._cond.notify_all()
+
+    def _remove(self, deadline: int) -> None:
+        if self._deadlines[deadline] <= 0:
+            raise ValueError(f"no outstanding group has deadline {deadline}")
+        self._deadlines[deadline] -= 1
+        if not self._deadlines[deadline]:
+            del self._deadlines[deadline]

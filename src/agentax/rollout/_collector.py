@@ -54,6 +54,15 @@ class CollectorConfig:
     close_timeout_s: float = 10.0
     """Limit for closing an environment."""
 
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_episode_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"collector.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("model_timeout_s", "reward_timeout_s", "episode_timeout_s", "close_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and value != float("inf")):  # also rejects NaN
+                raise ValueError(f"collector.{name} must be a positive number of seconds, got {value}")
+
 
 def episode_seed(run_seed: int, group_index: int, sample_index: int) -> int:
     """A 31-bit seed that depends only on (run, group, sample): never on batch composition."""

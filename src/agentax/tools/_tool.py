@@ -20,6 +20,7 @@ import typing
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from agentax._executors import stage_executor
 from agentax.records import ToolResult
 
 __all__ = ["Tool", "tool", "truncate_output", "DEFAULT_MAX_OUTPUT_CHARS"]
@@ -272,7 +273,7 @@ class Tool:
                 pending: Awaitable[Any] = self.fn(**kwargs)
             else:
                 loop = asyncio.get_running_loop()
-                pending = loop.run_in_executor(None, functools.partial(self.fn, **kwargs))
+                pending = loop.run_in_executor(stage_executor("tool"), functools.partial(self.fn, **kwargs))
             value = await asyncio.wait_for(pending, timeout=self.timeout_s)
         except asyncio.TimeoutError:
             return self._result(

@@ -1,0 +1,159 @@
+"""Bounded, per-stage thread pools with daemon threads, for blocking user code.
+
+Synchronous environments, tools and rewards are user code that may block or hang. Each stage
+runs them on its own pool (`stage_executor("env" | "tool" | "reward")`), so:
+
+* eight hung sync tools fill only the tool pool: an unrelated reward still gets a thread;
+* the pools are bounded (`set_stage_threads`), so runaway concurrency cannot spawn threads
+  without limit — a call beyond the bound waits for a free thread (and its caller's timeout);
+* the worker threads are daemon threads: a call abandoned after its timeout keeps its thread
+  busy, but never keeps the process from exiting (the standard `ThreadPoolExecutor` joins its
+  threads at interpreter exit, so one hung call would hang the process forever).
+
+Python cannot kill a thread, so an abandoned call runs until it returns on its own; its thread
+is counted in `StageExecutor.busy` meanwhile.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["STAGES", "StageExecutor", "set_stage_threads", "stage_executor"]
+
+STAGES = ("env", "tool", "reward")
+_DEFAULT_THREADS = {"env": 32, "tool": 32, "reward": 16}
+
+
+class StageExecutor(concurrent.futures.Executor):
+    """A thread pool of at most `max_workers` daemon threads, started on demand.
+
+    Args:
+      name: the stage (thread names are `agentax-<name>-<i>`).
+      max_workers: the bound on threads (>= 1).
+    """
+
+    def __init__(self, name: str, max_workers: int):
+        if max_workers < 1:
+            raise ValueError(f"{name} executor needs max_workers >= 1, got {max_workers}")
+        self.name = name
+        self.max_workers = max_workers
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # threads waiting for work
+        self._pending = 0  # submitted items no thread has taken yet
+        self._generation = 0  # bumped by shutdown: older threads stop counting
+        self.busy = 0
+        """Calls running now (an abandoned hung call stays counted until it returns)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._pending += 1
+            if self._pending > self._idle and len(self._threads) < self.max_workers:
+                thread = threading.Thread(
+                    target=self._worker, args=(self._work, self._generation),
+                    name=f"agentax-{self.name}-{len(self._threads)}", daemon=True,
+                )
+                self._threads.append(thread)
+                self._idle += 1
+                thread.start()
+            self._work.put((future, fn, args, kwargs))
+        return future
+
+    def _worker(self, work: queue.SimpleQueue, generation: int) -> None:
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            with self._lock:
+                current = generation == self._generation
+                if current:
+                    self._pending -= 1
+                    self._idle -= 1
+                self.busy += 1
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                        future.set_exception(exc)
+                    else:
+                        future.set_result(result)
+            finally:
+                with self._lock:
+                    self.busy -= 1
+                    if generation == self._generation:
+                        self._idle += 1
+                del item, future, fn, args, kwargs
+
+    @property
+    def threads(self) -> int:
+        """Threads started (and not shut down)."""
+        return len(self._threads)
+
+    def shutdown(self, wait: bool = False, *, cancel_futures: bool = True) -> None:
+        """Lets every thread exit once its current call returns (never waits for a hung one).
+
+        Queued calls are cancelled. The executor stays usable: a later `submit` starts fresh
+        threads. The shared stage pools are never shut down; a private pool (one
+        environment's own thread) is, when its owner closes.
+        """
+        with self._lock:
+            old, threads = self._work, self._threads
+            self._work, self._threads = queue.SimpleQueue(), []
+            self._generation += 1
+            self._idle = self._pending = 0
+        if cancel_futures:
+            while True:
+                try:
+                    item = old.get_nowait()
+                except queue.Empty:
+                    break
+                item[0].cancel()
+        for _ in threads:
+            old.put(None)
+        if wait:
+            for t in threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
+_pools: dict[str, StageExecutor] = {}
+_sizes = dict(_DEFAULT_THREADS)
+_pools_lock = threading.Lock()
+
+
+def stage_executor(stage: str) -> StageExecutor:
+    """The shared pool of one stage ("env", "tool" or "reward")."""
+    pool = _pools.get(stage)
+    if pool is None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
+        with _pools_lock:
+            pool = _pools.get(stage)
+            if pool is None:
+                pool = _pools[stage] = StageExecutor(stage, _sizes[stage])
+    return pool
+
+
+def set_stage_threads(**sizes: int) -> None:
+    """Sets the thread bound of stages, e.g. `set_stage_threads(env=64, tool=16)`.
+
+    A bound can grow at any time; a pool that already started more threads than a smaller new
+    bound keeps them (threads cannot be stopped) but starts no new one.
+    """
+    for stage, n in sizes.items():
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
+        if int(n) < 1:
+            raise ValueError(f"{stage} threads must be >= 1, got {n}")
+        with _pools_lock:
+            _sizes[stage] = int(n)
+            if stage in _pools:
+                _pools[stage].max_workers = int(n)
