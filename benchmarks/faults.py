@@ -10,6 +10,11 @@ the CPU: no SFT, no evaluation episodes), and the run directory is checked after
   step exactly once; `data_lost` counts RL rows missing or duplicated and complete
   checkpoints that disappeared.
 * NaN weights: the run must stop with one line, before any checkpoint.
+* Runs that cannot make progress (an environment whose reset always raises, an engine
+  thread that dies, model calls that all time out): `agentax train` must end within 60 s
+  (start-up and compilation included) with a non-zero exit and one `run stopped` line.
+* Sandbox attacks: five forked children each holding 100 MiB under a 256 MiB sandbox, and
+  12 x 4 MB files under a 16 MiB disk quota; contained when the host never sees more.
 * Bad inputs (tests/faults/fault_helpers.py `bad_inputs`): each must be answered by exactly
   one `agentax CMD: error:` line with a non-zero exit and no traceback. The full run starts a
   process per input; --quick calls `agentax.cli.main` in this process.
@@ -132,6 +137,77 @@ def fault_nan(root: Path) -> dict:
     return {"kind": "NaN loss", "ok": ok, "data_lost": 0, "note": last[:80]}
 
 
+def fault_stops(root: Path, kind: str, name: str, *, overrides=(), fault: str = "") -> dict:
+    """A run that cannot make progress: one `run stopped` line, non-zero exit, within 60 s."""
+    t0 = time.perf_counter()
+    result = run([*_args(root, name, 40, 0), *overrides], fault=fault, timeout=600)
+    wall = time.perf_counter() - t0
+    lines = [x for x in error_lines(result.stderr) if x.startswith("agentax train: error")]
+    ok = result.returncode not in (0, None) and "Traceback" not in result.stderr \
+        and len(lines) == 1 and "run stopped" in lines[0] and wall <= 60
+    return {"kind": kind, "ok": ok, "data_lost": 0,
+            "note": f"exit {result.returncode} after {wall:.0f} s: "
+                    f"{(lines or [result.stderr.strip()[-90:]])[-1][:90]}"}
+
+
+_FORK_AND_HOLD = """
+import os, time
+kids = []
+for i in range(5):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(100 * 2**20)
+        for j in range(0, len(block), 4096):
+            block[j] = 1
+        time.sleep(1.0)
+        os._exit(0)
+    kids.append(pid)
+print("CODES", [os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids])
+"""
+
+
+def sandbox_attacks() -> list[dict]:
+    """Model-written code that tries to take the host's memory or disk, in a real sandbox."""
+    import asyncio
+    import os
+
+    from agentax.tools import Sandbox, SandboxConfig, SandboxUnavailableError
+    from agentax.tools import check_sandbox_available
+
+    fast = dict(timeout_s=20.0, cpu_time_s=10, max_output_bytes=4000)
+    try:
+        check_sandbox_available()
+    except SandboxUnavailableError as e:
+        return [{"attack": "sandbox", "contained": False, "note": f"no sandbox here: {e}"}]
+    out = []
+    with Sandbox(SandboxConfig(memory_mb=256, **fast)) as sb:
+        if not sb.quotas.get("group"):
+            out.append({"attack": "5 forked children x 100 MiB (limit 256 MiB)",
+                        "contained": False, "note": "no cgroup on this host: per-process limits"})
+        else:
+            r = asyncio.run(sb.run_python(_FORK_AND_HOLD))
+            line = [x for x in r.stdout.splitlines() if x.startswith("CODES")]
+            codes = json.loads(line[0][len("CODES"):]) if line else []
+            held = codes.count(0) * 100
+            out.append({"attack": "5 forked children x 100 MiB (limit 256 MiB)",
+                        "contained": bool(codes) and held < 256,
+                        "note": f"{held} MiB held at once; exit codes {codes}"})
+    with Sandbox(SandboxConfig(max_disk_mb=16, max_file_mb=4, **fast)) as sb:
+        if not sb.quotas.get("disk"):
+            out.append({"attack": "12 files x 4 MB (quota 16 MiB)", "contained": False,
+                        "note": "no tmpfs quota on this host"})
+        else:
+            asyncio.run(sb.run_bash(
+                "for i in $(seq 1 6); do head -c 4000000 /dev/zero > /workspace/w$i; "
+                "head -c 4000000 /dev/zero > /tmp/t$i; done 2>/dev/null; echo END"))
+            host = sum(os.path.getsize(os.path.join(d, f)) for d in (sb._work, sb._tmp)
+                       for f in os.listdir(d))
+            out.append({"attack": "12 files x 4 MB (quota 16 MiB)",
+                        "contained": host <= 16 * 2**20,
+                        "note": f"{host / 2**20:.1f} MiB reached the host"})
+    return out
+
+
 def try_bad_inputs(root: Path, *, in_process: bool) -> list[dict]:
     from agentax.cli import main
 
@@ -164,13 +240,24 @@ def main() -> None:
         faults = [fault_kill_in_save(root, "rename"), fault_signal(root, signal.SIGINT)]
         if not opts.quick:
             faults += [fault_kill_in_save(root, "orbax"), fault_kill_mid_run(root),
-                       fault_signal(root, signal.SIGTERM), fault_nan(root)]
+                       fault_signal(root, signal.SIGTERM), fault_nan(root),
+                       fault_stops(root, "always-failing environment", "env",
+                                   fault="env_raises"),
+                       fault_stops(root, "engine thread dies", "engine", fault="engine_dies"),
+                       fault_stops(root, "every model call times out", "timeout",
+                                   overrides=["collector.model_timeout_s=0.001"])]
         bad = try_bad_inputs(root, in_process=opts.quick)
+    attacks = sandbox_attacks()
 
     print("| fault injected | ended correctly | data lost | note |")
     print("|---|---|---|---|")
     for f in faults:
         print(f"| {f['kind']} | {'yes' if f['ok'] else 'NO'} | {f['data_lost']} | {f['note']} |")
+    print()
+    print("| sandbox attack | contained | note |")
+    print("|---|---|---|")
+    for a in attacks:
+        print(f"| {a['attack']} | {'yes' if a['contained'] else 'NO'} | {a['note']} |")
     print()
     print("| bad input | one line, non-zero exit | exit | the line |")
     print("|---|---|---|---|")
@@ -180,6 +267,8 @@ def main() -> None:
     figures = {
         "faults_injected": len(faults),
         "faults_survived": sum(f["ok"] for f in faults),
+        "sandbox_attacks": len(attacks),
+        "sandbox_attacks_contained": sum(bool(a["contained"]) for a in attacks),
         "bad_inputs_tried": len(bad),
         "bad_inputs_one_line": sum(b["one_line"] for b in bad),
         "data_lost": sum(f["data_lost"] for f in faults),

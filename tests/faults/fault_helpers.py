@@ -31,6 +31,8 @@ TINY = (
 # SIGKILL itself at that point of the checkpoint save of RL step <step>:
 #   orbax   - the array files are being written (Orbax's save returned, not finalised)
 #   rename  - the checkpoint is complete under its temporary name, not yet renamed
+# and AGENTAX_TEST_FAULT breaks a component: env_raises (every environment reset raises),
+# engine_dies (the engine's step thread raises at its first decode).
 _LAUNCHER = r"""
 import os, signal, sys
 point, _, step = os.environ.get("AGENTAX_TEST_KILL_AT", "").partition(":")
@@ -53,30 +55,45 @@ if point:
             if directory.parent.name.startswith(f".tmp-step_{step}-"):
                 _die()
         ocp.StandardCheckpointer.save = save
+fault = os.environ.get("AGENTAX_TEST_FAULT", "")
+if fault == "env_raises":  # every episode's environment fails to reset
+    from agentax.envs import ToolEnvironment
+    async def _reset(self, task):
+        raise RuntimeError("injected: reset always fails")
+    ToolEnvironment._reset = _reset
+elif fault == "engine_dies":  # the engine's step thread dies at its first decode
+    from agentax.engine import Engine
+    def _decode(self, *args, **kwargs):
+        raise RuntimeError("injected: the decode kernel crashed")
+    Engine._decode = _decode
 from agentax.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def env(kill_at: str = "") -> dict[str, str]:
+def env(kill_at: str = "", fault: str = "") -> dict[str, str]:
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join([str(SRC), out.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out["JAX_PLATFORMS"] = "cpu"
     out.pop("AGENTAX_TEST_KILL_AT", None)
+    out.pop("AGENTAX_TEST_FAULT", None)
     if kill_at:
         out["AGENTAX_TEST_KILL_AT"] = kill_at
+    if fault:
+        out["AGENTAX_TEST_FAULT"] = fault
     return out
 
 
-def start(args, *, kill_at: str = "", cwd=None) -> subprocess.Popen:
+def start(args, *, kill_at: str = "", fault: str = "", cwd=None) -> subprocess.Popen:
     """Starts `agentax ARGS` (output captured as text)."""
-    return subprocess.Popen([sys.executable, "-c", _LAUNCHER, *args], env=env(kill_at),
+    return subprocess.Popen([sys.executable, "-c", _LAUNCHER, *args], env=env(kill_at, fault),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
 
 
-def run(args, *, kill_at: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+def run(args, *, kill_at: str = "", fault: str = "",
+        timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `agentax ARGS` to its end."""
-    proc = start(args, kill_at=kill_at)
+    proc = start(args, kill_at=kill_at, fault=fault)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
