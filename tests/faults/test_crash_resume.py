@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import signal
 
+import agentax.trace
+
 from tests.faults.fault_helpers import (
     TINY,
     checkpoint_dirs,
@@ -56,6 +58,8 @@ def test_ctrl_c_checkpoints_then_kill9_resume_loses_nothing(tmp_path):
     assert last.startswith("agentax train: stopped at RL step") and "checkpoint" in last
     stopped = rl_steps(run_dir)
     k = stopped[-1]
+    first_trace = (run_dir / "trace.perfetto-trace").stat().st_size
+    assert first_trace > 0
     assert stopped == list(range(1, k + 1))
     assert f"step_{k}" in checkpoint_dirs(run_dir)
 
@@ -73,3 +77,7 @@ def test_ctrl_c_checkpoints_then_kill9_resume_loses_nothing(tmp_path):
     doctor = run(["doctor", str(run_dir)])
     assert doctor.returncode == 0, doctor.stderr[-3000:]
     assert "bottleneck" in doctor.stdout.lower()
+    if hasattr(agentax.trace, "trace_segments"):  # the tracer writes one segment per resume
+        # The first segment is as the interrupted process left it: no resume truncated it.
+        assert (run_dir / "trace.perfetto-trace").stat().st_size == first_trace
+        assert len(agentax.trace.trace_segments(run_dir)) == 3
