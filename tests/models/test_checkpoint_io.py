@@ -4,6 +4,7 @@ name the tensor, and the presets' parameter counts."""
 from __future__ import annotations
 
 import json
+import types
 
 import jax
 import numpy as np
@@ -208,3 +209,42 @@ def test_qwen3_0_6b_non_embedding_count():
 def test_tiny_stays_tiny():
     assert _count(ModelConfig.tiny()) < 2_000_000
     assert _count(ModelConfig.small()) < 30_000_000
+
+
+def _hf_greedy(path, prompt, steps):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    ids = torch.as_tensor(prompt)
+    with torch.no_grad():
+        out = hf.eval().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                                 do_sample=False)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def test_exported_checkpoint_makes_transformers_generate_stop_at_eos(tmp_path):
+    model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(3))
+    prompt = np.random.default_rng(0).integers(0, 256, (1, 6))
+    # Without a tokenizer nothing says where a turn ends: generate runs to max_new_tokens.
+    save_pretrained(model, tmp_path / "bare")
+    free = _hf_greedy(tmp_path / "bare", prompt, 12)
+    assert len(free) == 12
+    end = free[3]  # call the 4th greedy token "end of turn"; generate must stop right after it
+    tokenizer = types.SimpleNamespace(eos_token_ids=(end, 271), bos_token_id=None, pad_token_id=0)
+    save_pretrained(model, tmp_path / "ids", tokenizer=tokenizer)
+    assert json.loads((tmp_path / "ids" / "config.json").read_text())["eos_token_id"] == [end, 271]
+    assert _hf_greedy(tmp_path / "ids", prompt, 12) == free[: free.index(end) + 1]
+
+
+def test_save_pretrained_writes_a_tokenizers_ids_and_keeps_generation_settings(tmp_path):
+    from agentax.text import ByteTokenizer
+
+    tok = ByteTokenizer()
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))
+    save_pretrained(Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0)), tmp_path, tokenizer=tok)
+    ids = {"bos_token_id": None, "eos_token_id": list(tok.eos_token_ids),
+           "pad_token_id": tok.pad_token_id}
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    assert generation == {"temperature": 0.7, **ids}
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert {k: config[k] for k in ids} == ids
+    loaded = transformers.GenerationConfig.from_pretrained(tmp_path)
+    assert loaded.eos_token_id == list(tok.eos_token_ids) and loaded.temperature == 0.7

@@ -4,6 +4,7 @@ and the presets against the published checkpoints' config.json."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import transformers
@@ -154,3 +155,48 @@ def test_ignored_fields_do_not_change_the_config():
 def test_config_to_hf_rejects_what_the_family_cannot_express(config, field):
     with pytest.raises(ValueError, match=field):
         config_to_hf(config)
+
+
+_GEMMA3_TINY = dict(
+    model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], vocab_size=128,
+    hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=32, sliding_window=4,
+)
+
+
+@pytest.mark.parametrize("pattern_keys", [
+    {"sliding_window_pattern": 2, "_sliding_window_pattern": 3},  # both: the public key wins
+    {"_sliding_window_pattern": 2},  # the private key alone sets nothing: default 6
+    {"sliding_window_pattern": 3},
+    {},
+])
+def test_gemma3_window_pattern_is_read_as_transformers_reads_it(pattern_keys, tmp_path):
+    config_json = {**_GEMMA3_TINY, **pattern_keys}
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    want = tuple("sliding" if t == "sliding_attention" else "full" for t in hf.layer_types)
+    assert config_from_hf(config_json).layer_types == want
+
+
+def test_gemma3_with_both_pattern_keys_matches_transformers_logits(tmp_path):
+    """Regression: the private `_sliding_window_pattern` used to win (logits off by ~1)."""
+    import numpy as np
+    import torch
+
+    from agentax.models import load_pretrained
+
+    config_json = {**_GEMMA3_TINY, "sliding_window_pattern": 2, "_sliding_window_pattern": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(tmp_path), attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.15)
+    hf.save_pretrained(tmp_path)  # writes layer_types; put the two-key file back
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    ids = np.random.default_rng(0).integers(0, 128, (1, 16))  # longer than the window
+    with torch.no_grad():
+        want = hf(torch.as_tensor(ids)).logits.numpy()
+    got = np.asarray(load_pretrained(tmp_path)(ids))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

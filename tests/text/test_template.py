@@ -79,3 +79,50 @@ def test_byte_template_matches_transformers_renderer():
     for t in (None, tools):
         want, _ = render_jinja_template([messages], tools=t, chat_template=BYTE_CHAT_TEMPLATE, add_generation_prompt=True)
         assert ChatTemplate(BYTE_CHAT_TEMPLATE).render(messages, tools=t, add_generation_prompt=True) == want[0]
+
+
+def test_pydantic_messages_render_as_their_model_dump():
+    """OpenAI-SDK-style message objects (pydantic models) render like their dicts, as
+    transformers renders `message.model_dump()`, not as a `<ClassName>` placeholder."""
+    from pathlib import Path
+
+    from pydantic import BaseModel
+
+    from agentax.text import ByteTokenizer, render_conversation
+
+    class Function(BaseModel):
+        name: str
+        arguments: str
+
+    class ToolCall(BaseModel):
+        id: str
+        type: str = "function"
+        function: Function
+
+    class ChatMessage(BaseModel):
+        role: str
+        content: str | None = None
+        tool_calls: list[ToolCall] | None = None
+
+    messages = [
+        ChatMessage(role="user", content="What is 2+2?"),
+        ChatMessage(role="assistant", tool_calls=[
+            ToolCall(id="c1", function=Function(name="add", arguments='{"a": 2, "b": 2}'))]),
+        {"role": "tool", "content": "4"},
+        ChatMessage(role="assistant", content="4"),
+    ]
+    dicts = [m if isinstance(m, dict) else m.model_dump() for m in messages]
+    source = (Path(__file__).parent / "templates" / "qwen2_5.jinja").read_text()
+    normalized = [{k: v for k, v in m.items() if v is not None} for m in dicts]
+    want, _ = render_jinja_template([normalized], chat_template=source, add_generation_prompt=True)
+    got = ChatTemplate(source).render(messages, add_generation_prompt=True)
+    assert got == want[0] and '"name": "add"' in got and "<ChatMessage>" not in got
+    tok = ByteTokenizer()
+    assert render_conversation(tok, messages).text == render_conversation(tok, dicts).text
+
+
+def test_openai_sdk_message_renders_like_its_dict():
+    openai_chat = pytest.importorskip("openai.types.chat")
+    message = openai_chat.ChatCompletionMessage(role="assistant", content="hi")
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}")
+    assert template.render([{"role": "user", "content": "yo"}, message]) == "user:yo;assistant:hi;"

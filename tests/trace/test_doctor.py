@@ -1,11 +1,12 @@
-"""The doctor names the right bottleneck on synthetic runs with a known one."""
+"""The doctor names the right bottleneck on synthetic runs with a known one (exact numbers on a
+virtual clock); tests/trace/test_doctor_real.py checks the verdicts on real pipelines."""
 
 import os
 
 import pytest
 
-from agentax.trace import doctor, names
-from agentax.trace._synthetic import SCENARIOS, SyntheticRun, simulate_run
+from agentax.trace import Tracer, doctor, names
+from synthetic_run import SCENARIOS, SyntheticRun, simulate_run
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +71,30 @@ def test_timeline_png_and_errors(runs, tmp_path):
     assert set(runs["engine_slots"].timeline) >= {names.MODEL_CALL, names.ENGINE_WAITING}
     with pytest.raises(FileNotFoundError, match="trace.perfetto-trace"):
         doctor.analyze(tmp_path)
+
+
+def test_decode_slowdown_while_training_turns_staleness_advice_into_a_warning(tmp_path):
+    # Decode steps take 10 ms alone and 30 ms while a train step runs: shared compute.
+    now = [10**9]
+    tracer = Tracer(clock=lambda: now[0])
+    tracer.start(tmp_path)
+    for step in range(6):
+        for _ in range(3):
+            with tracer.span(names.DECODE_STEP, track=names.ENGINE_TRACK):
+                now[0] += 10_000_000
+        with tracer.span(names.TRAIN_STEP, track=names.TRAINER_TRACK):
+            now[0] += 1_000
+            for _ in range(2):
+                with tracer.span(names.DECODE_STEP, track=names.ENGINE_TRACK):
+                    now[0] += 30_000_000
+    tracer.close()
+    report = doctor.analyze(tmp_path)
+    assert report.training_slowdown == pytest.approx(3.0)
+    assert "decode step while training  3.00x" in doctor.format_report(report)
+    from agentax.trace._verdict import _shared_compute
+
+    fields = {"training_slowdown": report.training_slowdown, "host": report.host}
+    assert "will not help here" in _shared_compute(fields)
+    assert _shared_compute({"training_slowdown": 1.0, "host": {"jax_backend": "gpu"}}) == ""
+    assert "share the same 2 cores" in _shared_compute(
+        {"training_slowdown": None, "host": {"jax_backend": "cpu", "cpu_cores": 2}})

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from agentax.trace import Tracer, names, read_trace
-from agentax.trace._device import ProfileWindow
 from agentax.trace._metrics import ConsoleView, MetricsLogger, read_metrics
 
 
@@ -34,16 +33,14 @@ def test_metrics_jsonl_tensorboard_and_console(tmp_path):
     assert "loss=0.5" in buf.getvalue() and "3/3" in buf.getvalue()
 
 
-def test_device_span_ends_after_block_and_profile_window(tmp_path):
+def test_device_span_ends_after_block(tmp_path):
     tracer = Tracer()
     tracer.start(tmp_path)
     matmul = jax.jit(lambda x: x @ x)
     x = jnp.ones((32, 32))
-    with ProfileWindow(steps=(1, 2), out_dir=tmp_path / "prof", tracer=tracer) as window:
-        for step in range(3):
-            window.step(step)
-            with tracer.device_span(names.TRAIN_STEP, args={"step": step}) as span:
-                out = span.block(matmul(x))
+    for step in range(3):
+        with tracer.device_span(names.TRAIN_STEP, args={"step": step}) as span:
+            out = span.block(matmul(x))
     with tracer.device_span(names.DEVICE_CALL):
         matmul(x)
     tracer.close()
@@ -52,10 +49,3 @@ def test_device_span_ends_after_block_and_profile_window(tmp_path):
     steps = trace.spans_named(names.TRAIN_STEP)
     assert [s.args for s in steps] == [{"step": i, "blocked": True} for i in range(3)]
     assert trace.spans_named(names.DEVICE_CALL)[0].args == {"blocked": False}
-    (win,) = trace.spans_named(names.PROFILER_WINDOW)
-    assert win.track == names.PROFILER_TRACK
-    assert (win.args["start_step"], win.args["stop_step"]) == (1, 2)
-    assert win.start_ns <= steps[1].start_ns and steps[1].end_ns <= win.end_ns <= steps[2].start_ns
-    assert any(files for _, _, files in os.walk(tmp_path / "prof"))
-    with pytest.raises(ValueError, match="start < stop"):
-        ProfileWindow(steps=(3, 3), out_dir=tmp_path)

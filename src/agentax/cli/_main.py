@@ -134,7 +134,7 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from agentax.cli._build import load_run_model
+    from agentax.cli._build import build_tokenizer, load_run_model
     from agentax.cli._rundir import run_config
     from agentax.models import save_pretrained
 
@@ -144,8 +144,10 @@ def _cmd_export(args) -> int:
                               "or remove it first")
     cfg = _run_dir_config(args.run_dir)
     model = load_run_model(args.run_dir, cfg)
-    save_pretrained(model, args.out)
-    _copy_tokenizer(cfg, Path(args.out))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _copy_tokenizer(cfg, out)  # first: save_pretrained adds the token ids to generation_config
+    save_pretrained(model, out, tokenizer=build_tokenizer(cfg))
     print(f"exported {args.run_dir} -> {args.out} (Hugging Face safetensors)")
     return 0
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -224,7 +225,11 @@ def _shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
 
 
 def save_pretrained(
-    model: Transformer, path: str | os.PathLike, *, max_shard_bytes: int = 5 * 2**30
+    model: Transformer,
+    path: str | os.PathLike,
+    *,
+    tokenizer: Any | None = None,
+    max_shard_bytes: int = 5 * 2**30,
 ) -> None:
     """Writes `model` as a Hugging Face checkpoint directory that `transformers` loads.
 
@@ -232,6 +237,11 @@ def save_pretrained(
       model: the model to save; its `config.family` picks the Hugging Face architecture.
       path: output directory (created if needed). Old model*.safetensors files and the index
         there are removed so the directory holds one checkpoint.
+      tokenizer: the model's tokenizer (anything with `eos_token_ids`, `bos_token_id` and
+        `pad_token_id`, e.g. an `agentax.text.Tokenizer`). Its ids go into config.json and
+        generation_config.json, so `transformers` `generate` stops at the end of a turn;
+        without it neither file names them. An existing generation_config.json in `path`
+        keeps its other settings (sampling defaults) and gets these ids.
       max_shard_bytes: largest shard; more bytes give model-0000i-of-0000n.safetensors files
         and model.safetensors.index.json. A single tensor larger than this gets its own shard.
 
@@ -239,6 +249,8 @@ def save_pretrained(
     """
     config: ModelConfig = model.config
     hf_config = config_to_hf(config)
+    token_ids = _token_ids(tokenizer) if tokenizer is not None else {}
+    hf_config.update(token_ids)
     table = hf_param_table(config)
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     np_dtype = _NP_DTYPES[config.param_dtype]
@@ -269,3 +281,19 @@ def save_pretrained(
         index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
         (path / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (path / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    if token_ids:
+        generation_file = path / "generation_config.json"
+        generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+        generation.update(token_ids)
+        generation_file.write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+
+
+def _token_ids(tokenizer: Any) -> dict[str, Any]:
+    """bos/eos/pad ids of `tokenizer` as config.json writes them (one eos id as an int)."""
+    eos = [int(i) for i in tokenizer.eos_token_ids]
+    if not eos:
+        raise ValueError("the tokenizer has no eos_token_ids; generate could never stop")
+    bos = tokenizer.bos_token_id
+    return {"bos_token_id": None if bos is None else int(bos),
+            "eos_token_id": eos[0] if len(eos) == 1 else eos,
+            "pad_token_id": int(tokenizer.pad_token_id)}

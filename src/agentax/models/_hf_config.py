@@ -62,6 +62,8 @@ IGNORED_HF_FIELDS: dict[str, str] = {
     "chunk_size_feed_forward": "chunking of the MLP; same result",
     "is_encoder_decoder": "always False for these decoder-only families",
     "tokenizer_class": "tokenizer setting",
+    "_sliding_window_pattern": "Gemma 3: transformers' private copy of the pattern; it reads "
+    "only `sliding_window_pattern` (default 6) or `layer_types`, and so does agentax",
 }
 """config.json keys read by no math in agentax, with the reason each one is safe to skip."""
 
@@ -257,9 +259,9 @@ def _layer_types(f: _Fields, family: str, n: int) -> tuple[tuple | None, int | N
         if not f("use_sliding_window"):
             window = None  # transformers drops the window when use_sliding_window is false
     if family == "gemma3":  # old files: an int pattern (every pattern-th layer is full)
+        # As transformers: only `sliding_window_pattern` (default 6) sets the layer types; the
+        # `_sliding_window_pattern` it also writes is never read back (see IGNORED_HF_FIELDS).
         pattern = f("sliding_window_pattern")
-        if "_sliding_window_pattern" in f.raw:
-            pattern = f("_sliding_window_pattern")
     raw = f("layer_types")
     if raw is not None:
         if len(raw) != n:

@@ -34,7 +34,7 @@ __all__ = [
     "render_prompt",
 ]
 
-MessageLike = Mapping[str, Any] | Message
+MessageLike = Mapping[str, Any] | Message  # or a pydantic message object (e.g. the OpenAI SDK's)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,7 +56,9 @@ class RenderedConversation:
 
 
 def _role(message: MessageLike) -> str:
-    return message.role if isinstance(message, Message) else str(message.get("role", ""))
+    if isinstance(message, Mapping):
+        return str(message.get("role", ""))
+    return str(getattr(message, "role", ""))  # a Message, or a pydantic message object
 
 
 def _eos_pattern(tokenizer: Tokenizer) -> re.Pattern:

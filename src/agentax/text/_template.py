@@ -263,13 +263,17 @@ def _plain(value: Any) -> Any:
         return _plain(value.item())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump) and not isinstance(value, type):  # pydantic (OpenAI SDK messages)
+        return _plain(model_dump())
     return f"<{type(value).__name__}>"
 
 
 def _normalize_message(message: Any) -> dict:
     msg = _plain(message)
     if not isinstance(msg, dict):
-        raise TypeError(f"a chat message must be a dict or a Message, got {type(message).__name__}")
+        raise TypeError(f"a chat message must be a dict, a Message or a pydantic model, got "
+                        f"{type(message).__name__}")
     msg = {k: v for k, v in msg.items() if v is not None}  # as transformers: None means absent
     reasoning = next((msg[k] for k in _REASONING_FIELDS if msg.get(k) is not None), None)
     if reasoning is not None:  # older names for the reasoning field, as transformers aliases them
@@ -326,7 +330,8 @@ class ChatTemplate:
         """Render a conversation to text, as `transformers.apply_chat_template(tokenize=False)`.
 
         Args:
-          messages: chat dicts (`Message.to_dict()` form) or `Message` records.
+          messages: chat dicts (`Message.to_dict()` form), `Message` records, or pydantic
+            message objects such as the OpenAI SDK's (rendered as their `model_dump()`).
           tools: OpenAI function-format tool schemas, or None.
           add_generation_prompt: append the header that starts an assistant turn.
           **extra: further template variables (`enable_thinking`, `date_string`, `documents`...);

@@ -5,21 +5,16 @@ Imports nothing from agentax. Standard names are in `agentax.trace.names`; the r
 """
 
 from agentax.trace import names
-from agentax.trace._device import DeviceSpan, ProfileWindow, block_until_ready
-from agentax.trace._files import (CONFIG_FILENAME, METRICS_FILENAME, TIMELINE_FILENAME,
-                                  TRACE_FILENAME, TRACE_FILENAME_ALT)
+from agentax.trace._device import DeviceSpan, block_until_ready
+from agentax.trace._files import CONFIG_FILENAME, METRICS_FILENAME, TIMELINE_FILENAME, TRACE_FILENAME
 from agentax.trace._metrics import ConsoleView, MetricsLogger, read_metrics
-from agentax.trace._reader import InstantRecord, SpanRecord, TraceData, iter_packets, read_trace
-from agentax.trace._synthetic import SCENARIOS, SyntheticRun, run_workload, simulate_run
+from agentax.trace._reader import (InstantRecord, SpanRecord, TraceData, iter_packets, read_trace,
+                                   trace_segments)
 from agentax.trace._tracer import Span, ThreadTrack, Tracer, get_tracer, set_enabled, traced
-from agentax.trace._output import PerfettoWriter
-from agentax.trace._writer import PacketEncoder
 
 __all__ = [
-    "CONFIG_FILENAME", "METRICS_FILENAME", "SCENARIOS", "TIMELINE_FILENAME", "TRACE_FILENAME",
-    "TRACE_FILENAME_ALT", "ConsoleView", "DeviceSpan", "InstantRecord", "MetricsLogger",
-    "PacketEncoder", "PerfettoWriter", "ProfileWindow", "Span", "SpanRecord", "SyntheticRun",
+    "CONFIG_FILENAME", "METRICS_FILENAME", "TIMELINE_FILENAME", "TRACE_FILENAME", "ConsoleView",
+    "DeviceSpan", "InstantRecord", "MetricsLogger", "Span", "SpanRecord",
     "ThreadTrack", "TraceData", "Tracer", "block_until_ready", "get_tracer", "iter_packets",
-    "names", "read_metrics", "read_trace", "run_workload", "set_enabled", "simulate_run",
-    "traced",
+    "names", "read_metrics", "read_trace", "set_enabled", "trace_segments", "traced",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from collections import Counter, defaultdict
@@ -11,9 +12,8 @@ import numpy as np
 
 from agentax.trace import names
 from agentax.trace._critical import CATEGORY, critical_path
-from agentax.trace._files import (CONFIG_FILENAME, METRICS_FILENAME, TRACE_FILENAME,
-                                  TRACE_FILENAME_ALT)
-from agentax.trace._intervals import (binned_concurrency, difference_length, length,
+from agentax.trace._files import CONFIG_FILENAME, METRICS_FILENAME
+from agentax.trace._intervals import (binned_concurrency, difference_length, length, merge,
                                       percentiles, step_series_stats)
 from agentax.trace._metrics import read_metrics
 from agentax.trace._reader import TraceData, read_trace
@@ -80,45 +80,22 @@ class DoctorReport:
     timeline_bin_s: float = 0.0
     timeline: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
-
-
-def find_trace(run_dir: str) -> str:
-    for name in (TRACE_FILENAME, TRACE_FILENAME_ALT):
-        path = os.path.join(run_dir, name)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(
-        f"no trace in {run_dir!r}: expected {TRACE_FILENAME} or {TRACE_FILENAME_ALT}; was the "
-        f"run started with tracing on (tracer.start(run_dir))?")
-
-
-def _dig(config: Mapping, dotted: str) -> Any:
-    node: Any = config
-    for key in dotted.split("."):
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
+    host: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # cpu_cores, jax_backend
+    training_slowdown: float | None = None  # decode step p50 while training / while not
 
 
 def read_knobs(run_dir: str) -> dict[str, Any]:
-    """The knobs the doctor talks about, from `config.yaml`; None where absent."""
-    knobs: dict[str, Any] = {"max_concurrency": None, "max_staleness": None, "max_slots": None}
-    path = os.path.join(run_dir, CONFIG_FILENAME)
-    if not os.path.exists(path):
-        return knobs
-    import yaml
+    """The knobs the doctor talks about, from `config.yaml` (`pipeline.max_concurrency`,
+    `pipeline.max_staleness`, `engine.max_slots`, or the same at top level); None where absent."""
+    path, config = os.path.join(run_dir, CONFIG_FILENAME), {}
+    if os.path.exists(path):
+        import yaml
 
-    with open(path, encoding="utf-8") as f:
-        config = yaml.safe_load(f) or {}
-    for key, dotted in (("max_concurrency", "pipeline.max_concurrency"),
-                        ("max_staleness", "pipeline.max_staleness"),
-                        ("max_slots", "engine.max_slots")):
-        value = _dig(config, dotted)
-        if value is None:
-            value = _dig(config, key)
-        knobs[key] = value
-    return knobs
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f) or {}
+    sections = {"max_concurrency": "pipeline", "max_staleness": "pipeline", "max_slots": "engine"}
+    return {key: (config.get(section) or {}).get(key, config.get(key))
+            for key, section in sections.items()}
 
 
 def _spans_by_name(trace: TraceData) -> dict[str, list[tuple[int, int]]]:
@@ -162,6 +139,20 @@ def _engine(trace: TraceData, by_name, t0: int, t1: int, max_slots: Any):
     return busy, full, mean_active, mean_waiting
 
 
+def _training_slowdown(by_name) -> float | None:
+    """Median decode-step time while a train step runs over the median while none runs: > 1
+    when engine and trainer compete for the same compute (None: too little overlap to tell)."""
+    train = merge(by_name.get(names.TRAIN_STEP, []))
+    starts = [s for s, _ in train]
+    during, outside = [], []
+    for s, e in by_name.get(names.DECODE_STEP, []):
+        i = bisect.bisect_right(starts, s) - 1
+        (during if i >= 0 and train[i][1] >= e else outside).append(e - s)
+    if len(during) < 5 or len(outside) < 5:
+        return None
+    return float(np.median(during) / max(np.median(outside), 1))
+
+
 def _episode_shares(trace: TraceData) -> dict[str, float]:
     total = sum(s.dur_ns for s in trace.spans if s.name == names.EPISODE)
     if not total:
@@ -179,7 +170,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
     """Read RUN_DIR's trace (+ metrics.jsonl, config.yaml) and explain where time went.
 
     Args:
-      run_dir: a run directory holding `trace.perfetto-trace` (or `trace.pftrace`).
+      run_dir: a run directory holding `trace.perfetto-trace` (and its resume segments).
       bins: resolution of the utilisation timeline kept in the report.
     Returns:
       A `DoctorReport`; `format_report` prints it, `render_timeline_png` plots it.
@@ -189,7 +180,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
     run_dir = os.fspath(run_dir)
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run directory {run_dir!r} does not exist")
-    trace = read_trace(find_trace(run_dir))
+    trace = read_trace(run_dir)  # every segment: a resumed run is read whole
     metrics_path = os.path.join(run_dir, METRICS_FILENAME)
     metrics = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
     knobs = read_knobs(run_dir)
@@ -252,6 +243,9 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         critical_path_spans=crit_count, knobs=knobs,
         episodes=len(by_name.get(names.EPISODE, ())),
         train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
-        timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=tuple(notes))
+        timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=tuple(notes),
+        host=dict(trace.instants_named(names.HOST_INFO)[-1].args)
+        if trace.instants_named(names.HOST_INFO) else {},
+        training_slowdown=_training_slowdown(by_name))
     bottleneck, verdict, suggestion = decide(fields, by_name, wall)
     return DoctorReport(bottleneck=bottleneck, verdict=verdict, suggestion=suggestion, **fields)

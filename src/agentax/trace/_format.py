@@ -29,6 +29,12 @@ def format_report(report: DoctorReport) -> str:
               f"   waiting for groups {_pct(report.trainer_wait_fraction)}",
               f"  environment-bound      {_pct(report.env_bound_fraction)}"
               "   (only env/tool/reward work running)"]
+    if report.training_slowdown is not None:
+        lines.append(f"  decode step while training {report.training_slowdown:5.2f}x"
+                     "   (p50, over decode steps with no train step running)")
+    if report.host:
+        lines.append("  host                   " + ", ".join(f"{k}={v}" for k, v in
+                                                          report.host.items()))
     if report.episode_time_shares:
         shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(
             report.episode_time_shares.items(), key=lambda kv: -kv[1]))

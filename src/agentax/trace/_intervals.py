@@ -12,8 +12,7 @@ def merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     out: list[list[int]] = []
     for start, end in sorted(intervals):
         if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1][1] = end
+            out[-1][1] = max(out[-1][1], end)
         else:
             out.append([start, end])
     return [(s, e) for s, e in out]
@@ -29,10 +28,6 @@ def difference_length(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]
     return length(list(a) + list(b)) - length(b)
 
 
-def clip(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
-
-
 def binned_concurrency(intervals: Sequence[tuple[int, int]], t0: int, bin_ns: int,
                        bins: int) -> np.ndarray:
     """Average number of active intervals in each of `bins` bins starting at `t0`."""
@@ -43,12 +38,9 @@ def binned_concurrency(intervals: Sequence[tuple[int, int]], t0: int, bin_ns: in
         if e <= s:
             continue
         first, last = int(s), min(int(np.ceil(e)) - 1, bins - 1)
-        if first == last:
-            acc[first] += e - s
-            continue
-        acc[first] += first + 1 - s
-        acc[first + 1:last] += 1.0
-        acc[last] += e - last
+        acc[first:last + 1] += 1.0  # whole bins, then take off what the ends miss
+        acc[first] -= s - first
+        acc[last] -= last + 1 - e
     return acc
 
 

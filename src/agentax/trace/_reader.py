@@ -1,7 +1,10 @@
 """Read a Perfetto trace written by agentax back into plain records (for tests and the doctor).
 
-The file is parsed packet by packet with the same protos the writer used; a truncated last
-packet (a run killed mid-write) is ignored, not an error.
+A file is parsed packet by packet with the same protos the writer used; a truncated last
+packet (a run killed mid-write) is ignored, not an error. A run directory is read as all its
+segments (`trace.perfetto-trace`, `trace.1.perfetto-trace`, ...: one per resume), laid end to
+end: each later segment is shifted to start where the one before ended and its flow ids are
+kept apart, so the downtime between a kill and a resume does not count as run time.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from collections import defaultdict
 from operator import itemgetter
 from typing import Any, Iterator, Mapping
 
+from google.protobuf.internal.decoder import _DecodeVarint
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from agentax.trace._writer import LANE_SEPARATOR
+from agentax.trace._files import TRACE_FILENAME
+from agentax.trace._writer import LANE_SEPARATOR, segment_path
 
 # Counter samples sort by time only (stable): samples taken at the same ns keep the order they
 # were recorded in, so the last one is the value that holds afterwards.
@@ -63,49 +68,36 @@ class TraceData:
     def spans_named(self, name: str) -> list[SpanRecord]:
         return [s for s in self.spans if s.name == name]
 
+    def instants_named(self, name: str) -> list[InstantRecord]:
+        return [i for i in self.instants if i.name == name]
+
+    def _stamps(self) -> list[int]:
+        return [t for s in self.spans for t in (s.start_ns, s.end_ns)] + [
+            i.ts_ns for i in self.instants] + [t for c in self.counters.values() for t, _ in c]
+
     @property
     def start_ns(self) -> int:
-        stamps = [s.start_ns for s in self.spans] + [i.ts_ns for i in self.instants]
-        stamps += [c[0][0] for c in self.counters.values() if c]
-        return min(stamps, default=0)
+        return min(self._stamps(), default=0)
 
     @property
     def end_ns(self) -> int:
-        stamps = [s.end_ns for s in self.spans] + [i.ts_ns for i in self.instants]
-        stamps += [c[-1][0] for c in self.counters.values() if c]
-        return max(stamps, default=0)
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise EOFError
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
+        return max(self._stamps(), default=0)
 
 
 def iter_packets(path: str | os.PathLike) -> Iterator[pb.TracePacket]:
-    """Yield the `TracePacket`s of a trace file in file order."""
+    """Yield the `TracePacket`s of a trace file in file order (a torn last one is skipped)."""
     with open(path, "rb") as f:
         buf = f.read()
     pos = 0
     while pos < len(buf):
         try:
-            tag, body = _varint(buf, pos)
-            length, body = _varint(buf, body)
-        except EOFError:
+            tag, body = _DecodeVarint(buf, pos)
+            length, body = _DecodeVarint(buf, body)
+        except IndexError:
             return
-        if tag != 0x0A:  # not Trace.packet (field 1, length-delimited): unknown, skip it
-            if tag & 7 != 2:
-                return
-        if body + length > len(buf):
-            return  # truncated tail
-        if tag == 0x0A:
+        if tag & 7 != 2 or body + length > len(buf):
+            return  # not length-delimited: not ours; or a truncated tail
+        if tag == 0x0A:  # Trace.packet; other fields are skipped
             yield pb.TracePacket.FromString(buf[body:body + length])
         pos = body + length
 
@@ -115,81 +107,117 @@ def _value(ann: pb.DebugAnnotation) -> Any:
     return getattr(ann, kind) if kind else None
 
 
-def read_trace(path: str | os.PathLike) -> TraceData:
-    """Parse a trace written by `Tracer.start` into `TraceData`."""
+def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> TraceData:
+    """One file; with `after_ns`, shifted to start just after it and flow ids moved up by
+    `flow_base` (a later segment of a run)."""
     names: dict[int, str] = {}
     arg_names: dict[int, str] = {}
     track_name: dict[int, str] = {}
     track_lane: dict[int, int] = {}
     counter_tracks: set[int] = set()
     process_name = ""
-    stacks: dict[int, list] = defaultdict(list)
-    spans: list[SpanRecord] = []
-    instants: list[InstantRecord] = []
     counters: dict[str, list] = defaultdict(list)
     timeline: list[tuple] = []
     for packet in iter_packets(path):
         if packet.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
             names.clear()
             arg_names.clear()
-        if packet.HasField("interned_data"):
-            for item in packet.interned_data.event_names:
-                names[item.iid] = item.name
-            for item in packet.interned_data.debug_annotation_names:
-                arg_names[item.iid] = item.name
+        for item in packet.interned_data.event_names:
+            names[item.iid] = item.name
+        for item in packet.interned_data.debug_annotation_names:
+            arg_names[item.iid] = item.name
         if packet.HasField("track_descriptor"):
             desc = packet.track_descriptor
             if desc.HasField("process"):
                 process_name = desc.process.process_name
                 continue
-            if desc.HasField("thread"):
-                name = f"{desc.thread.thread_name} ({desc.thread.tid})"
-            else:
-                name = desc.name
-            lane = 0
-            parent = track_name.get(desc.parent_uuid)
+            name = f"{desc.thread.thread_name} ({desc.thread.tid})" if desc.HasField("thread") \
+                else desc.name
+            lane, parent = 0, track_name.get(desc.parent_uuid)
             if parent is not None and name.startswith(parent + LANE_SEPARATOR):
                 lane = int(name[len(parent) + len(LANE_SEPARATOR):].rstrip("]"))
                 name = parent
-            track_name[desc.uuid] = name
-            track_lane[desc.uuid] = lane
+            track_name[desc.uuid], track_lane[desc.uuid] = name, lane
             if desc.HasField("counter"):
                 counter_tracks.add(desc.uuid)
             continue
         if not packet.HasField("track_event"):
             continue
         ev = packet.track_event
-        uuid = ev.track_uuid
         if ev.type == pb.TrackEvent.TYPE_COUNTER:
             value = ev.double_counter_value if ev.HasField("double_counter_value") \
                 else float(ev.counter_value)
-            counters[track_name.get(uuid, str(uuid))].append((packet.timestamp, value))
+            counters[track_name.get(ev.track_uuid, str(ev.track_uuid))].append(
+                (packet.timestamp, value))
             continue
         name = ev.name if ev.HasField("name") else names.get(ev.name_iid, "")
         args = {(a.name if a.HasField("name") else arg_names.get(a.name_iid, "")): _value(a)
                 for a in ev.debug_annotations}
-        timeline.append((packet.timestamp, len(timeline), uuid, ev.type, name, args,
-                         tuple(ev.flow_ids), tuple(ev.terminating_flow_ids)))
+        timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type, name, args,
+                         tuple(flow_base + f for f in ev.flow_ids),
+                         tuple(flow_base + f for f in ev.terminating_flow_ids)))
+    shift = 0
+    if after_ns is not None:
+        first = min([e[0] for e in timeline] + [t for c in counters.values() for t, _ in c],
+                    default=after_ns)
+        shift = after_ns + 1 - first
     # Match begins and ends the way trace processor does: by timestamp, ties in file order.
     timeline.sort(key=lambda e: (e[0], e[1]))
+    stacks: dict[int, list] = defaultdict(list)
+    spans, instants = [], []
     for ts, _, uuid, kind, name, args, flow_out, flow_in in timeline:
+        track = track_name.get(uuid, str(uuid))
         if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
             stacks[uuid].append((name, ts, args, flow_out, flow_in))
-        elif kind == pb.TrackEvent.TYPE_SLICE_END:
-            stack = stacks[uuid]
-            if not stack:
-                continue
-            name, start, args, flow_out, flow_in = stack.pop()
-            spans.append(SpanRecord(name=name, track=track_name.get(uuid, str(uuid)),
-                                    start_ns=start, end_ns=ts, depth=len(stack),
+        elif kind == pb.TrackEvent.TYPE_SLICE_END and stacks[uuid]:
+            name, start, args, flow_out, flow_in = stacks[uuid].pop()
+            spans.append(SpanRecord(name=name, track=track, start_ns=start + shift,
+                                    end_ns=ts + shift, depth=len(stacks[uuid]),
                                     lane=track_lane.get(uuid, 0), args=args,
                                     flow_out=flow_out, flow_in=flow_in))
         elif kind == pb.TrackEvent.TYPE_INSTANT:
-            instants.append(InstantRecord(name=name, track=track_name.get(uuid, str(uuid)),
-                                          ts_ns=ts, args=args))
+            instants.append(InstantRecord(name=name, track=track, ts_ns=ts + shift, args=args))
     spans.sort(key=lambda s: (s.start_ns, -s.end_ns))
     instants.sort(key=lambda i: i.ts_ns)
-    tracks = sorted({n for u, n in track_name.items() if u not in counter_tracks})
     return TraceData(spans=tuple(spans), instants=tuple(instants),
-                     counters={k: tuple(sorted(v, key=_TS)) for k, v in counters.items()},
-                     tracks=tuple(tracks), process_name=process_name)
+                     counters={k: tuple((t + shift, v) for t, v in sorted(c, key=_TS))
+                               for k, c in counters.items()},
+                     tracks=tuple(sorted({n for u, n in track_name.items()
+                                          if u not in counter_tracks})),
+                     process_name=process_name)
+
+
+def trace_segments(run_dir: str | os.PathLike) -> list[str]:
+    """The trace files of a run directory, oldest first (empty if it has none)."""
+    base, found = os.path.join(os.fspath(run_dir), TRACE_FILENAME), []
+    while os.path.exists(segment_path(base, len(found))):
+        found.append(segment_path(base, len(found)))
+    return found
+
+
+def read_trace(path: str | os.PathLike) -> TraceData:
+    """Parse a trace file written by `Tracer.start`, or all segments of a run directory.
+
+    Raises:
+      FileNotFoundError: a missing file, or a directory without a trace.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return _read_file(path)
+    files = trace_segments(path)
+    if not files:
+        raise FileNotFoundError(
+            f"no trace in {path!r}: expected {TRACE_FILENAME}; was the run started with "
+            f"tracing on (tracer.start(run_dir))?")
+    parts = [_read_file(files[0])]
+    for file in files[1:]:
+        flows = [f for p in parts for s in p.spans for f in s.flow_out + s.flow_in]
+        parts.append(_read_file(file, after_ns=max(p.end_ns for p in parts),
+                                flow_base=max(flows, default=0)))
+    return TraceData(
+        spans=tuple(s for p in parts for s in p.spans),
+        instants=tuple(i for p in parts for i in p.instants),
+        counters={k: tuple(x for p in parts for x in p.counters.get(k, ()))
+                  for k in dict.fromkeys(k for p in parts for k in p.counters)},
+        tracks=tuple(sorted({t for p in parts for t in p.tracks})),
+        process_name=parts[-1].process_name)

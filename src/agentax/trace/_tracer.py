@@ -1,8 +1,7 @@
 """The process-wide tracer: spans, instants, counters and flows appended to a bounded buffer.
 
 Recording is one `deque.append` of a small tuple (atomic under the GIL, no lock, no I/O); a
-background `PerfettoWriter` drains the buffer and has the events encoded as Perfetto packets and
-appended to the trace file (by a child process, or in a thread of this one).
+background thread (`agentax.trace._writer`) drains the buffer into a Perfetto trace file.
 Without a writer the buffer is a flight recorder: it keeps the newest `capacity` events.
 
 The current track lives in a `ContextVar`, so a span opened on `episode/17` inside a coroutine
@@ -17,16 +16,17 @@ import functools
 import inspect
 import itertools
 import os
+import sys
 import threading
 import time
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from agentax.trace._files import TRACE_FILENAME
+from agentax.trace.names import HOST_INFO
 
 # Event kinds in the buffer. Every record is an 8-tuple:
 # (kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)
-# except finished `Span`s, which the buffer holds as they are (see `Span.record`).
 SPAN, INSTANT, COUNTER = 0, 1, 2
 
 DEFAULT_CAPACITY = 1 << 20
@@ -55,10 +55,8 @@ class _NoopSpan:
         """Does nothing (tracing is off)."""
 
     def block(self, value: Any) -> Any:
-        """Returns `value` unchanged (tracing is off); kept so device spans still sync."""
-        from agentax.trace._device import block_until_ready
-
-        return block_until_ready(value)
+        """Syncs anyway, so code around device spans behaves the same with tracing off."""
+        return sys.modules["agentax.trace._device"].block_until_ready(value)
 
 
 NOOP_SPAN = _NoopSpan()
@@ -68,21 +66,11 @@ class Span:
     """An open span; use as a context manager (`with tracer.span(...) as s:`).
 
     Built by `Tracer.span` without running an `__init__` (one frame less on the hot path);
-    `__enter__` takes the start time and track, `__exit__` takes the end time and appends the
-    span object itself to the buffer (no record tuple is allocated; `record()` makes one).
+    `__enter__` takes the start time and track, `__exit__` appends the record tuple.
     """
 
     __slots__ = ("_tracer", "name", "track", "args", "flow_out", "flow_in", "start_ns", "end_ns",
                  "_token")
-
-    def __init__(self, tracer: "Tracer", name: str, track: Any, args: dict | None,
-                 flow_out: tuple, flow_in: tuple) -> None:
-        self._tracer = tracer
-        self.name = name
-        self.track = track
-        self.args = args
-        self.flow_out = flow_out
-        self.flow_in = flow_in
 
     def __enter__(self) -> "Span":
         tracer = self._tracer
@@ -115,26 +103,16 @@ class Span:
         self.end_ns = end_ns
         args = self.args
         if exc_type is not None:
-            args = {**args, "error": exc_type.__name__} if args else {"error": exc_type.__name__}
-        events = tracer._events
-        if len(events) >= tracer.capacity:
-            tracer._dropped += 1
+            args = {**(args or {}), "error": exc_type.__name__}
         # A tuple, not the span object: the collector untracks tuples of plain values, so a
         # full buffer costs the cyclic GC nothing (a buffered object would be traversed).
-        events.append((SPAN, self.start_ns, end_ns, self.track, self.name, args,
-                       self.flow_out, self.flow_in))
+        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, args,
+                        self.flow_out, self.flow_in))
         return False
 
-    def record(self) -> tuple:
-        """The finished span as a buffer record tuple (see `Tracer.take_events`)."""
-        return (SPAN, self.start_ns, self.end_ns, self.track, self.name, self.args,
-                self.flow_out, self.flow_in)
-
     def set_arg(self, key: str, value: Any) -> None:
-        """Attach an argument known only inside the span (e.g. the episode status).
-
-        Copies the args (never mutates the mapping passed to `Tracer.span`).
-        """
+        """Attach an argument known only inside the span (e.g. the episode status); copies the
+        args (never mutates the mapping passed to `Tracer.span`)."""
         self.args = {**self.args, key: value} if self.args else {key: value}
 
 
@@ -154,9 +132,7 @@ class Tracer:
                  clock: Callable[[], int] = time.perf_counter_ns, enabled: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"Tracer capacity must be >= 1, got {capacity}")
-        self.enabled = enabled
-        self.capacity = capacity
-        self._clock = clock
+        self.enabled, self.capacity, self._clock = enabled, capacity, clock
         self._events: deque = deque(maxlen=capacity)
         self._dropped = 0
         self._flow_ids = itertools.count(1)
@@ -164,10 +140,8 @@ class Tracer:
         self._current_track: contextvars.ContextVar = contextvars.ContextVar(
             f"agentax_trace_track_{id(self)}", default=None)
         self._tls = threading.local()
-        self._writer = None
-        self._last_writer = None
+        self._writer = self._last_writer = None
 
-    # -- recording ------------------------------------------------------------------------
     def now_ns(self) -> int:
         """The tracer's clock, in nanoseconds."""
         return self._clock()
@@ -255,10 +229,7 @@ class Tracer:
                 return
             last[name] = value
         ts = self._clock() if ts_ns is None else int(ts_ns)
-        events = self._events
-        if len(events) >= self.capacity:
-            self._dropped += 1
-        events.append((COUNTER, ts, ts, None, name, float(value), (), ()))
+        self._record((COUNTER, ts, ts, None, name, float(value), (), ()))
 
     def new_flow_id(self) -> int:
         """A fresh id to connect a producer span (flow_out) to a consumer span (flow_in)."""
@@ -277,28 +248,24 @@ class Tracer:
         """
         from agentax.trace._device import DeviceSpan
 
-        if not self.enabled:
-            return NOOP_SPAN
-        return DeviceSpan(self, name, track, dict(args) if args else None)
+        return DeviceSpan(self, name, track, args) if self.enabled else NOOP_SPAN
 
-    # -- output ---------------------------------------------------------------------------
     def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
-              process_name: str = "agentax", writer: str = "process") -> str:
+              process_name: str = "agentax") -> str:
         """Write this tracer's events to a Perfetto trace file from now on.
+
+        Never truncates: if the file exists (a resumed run), the events go to the next free
+        segment, `trace.1.perfetto-trace`, `trace.2.perfetto-trace`, ...; `read_trace(run_dir)`
+        and `agentax doctor` read all segments of a run.
 
         Args:
           path: a run directory (the file is `RUN_DIR/trace.perfetto-trace`) or a file path.
-          flush_interval_s: how often the background writer looks at the buffer (it writes
-            when 4096 events wait or 2 s passed; `flush()` writes at once).
+          flush_interval_s: how often the background writer drains the buffer into the file.
           process_name: the process track's name in the Perfetto UI.
-          writer: "process" (default) encodes in a low-priority child process, so the traced
-            process only hands it the raw events; "thread" encodes in a background thread of
-            this process (more CPU here, no child). Both write the same bytes; "process" falls
-            back to "thread", with a logged warning, if the child cannot start or dies.
         Returns:
-          The trace file path.
+          The path of the file written (the segment).
         """
-        from agentax.trace._output import PerfettoWriter
+        from agentax.trace._writer import PerfettoWriter
 
         if self._writer is not None:
             raise RuntimeError(f"tracer already writes to {self._writer.path}; call close() first")
@@ -308,9 +275,9 @@ class Tracer:
             path = os.path.join(path, TRACE_FILENAME)
         self._last_values.clear()  # a new file starts every on_change counter with a sample
         self._writer = PerfettoWriter(self, path, flush_interval_s=flush_interval_s,
-                                      process_name=process_name, writer=writer)
-        self._writer.start()
-        return path
+                                      process_name=process_name)
+        self.instant(HOST_INFO, track="process", args=_host_info())
+        return self._writer.path
 
     def flush(self) -> None:
         """Write everything recorded so far (blocks until it is in the file)."""
@@ -324,30 +291,40 @@ class Tracer:
             writer.stop()
             self._last_writer = writer
 
-    def take_events(self) -> list[tuple]:
-        """Remove and return the buffered events as record tuples (what the writer consumes):
+    def take_events(self, limit: int | None = None) -> list[tuple]:
+        """Remove and return up to `limit` (default all) buffered record tuples:
         ``(kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)``."""
-        return [e if e.__class__ is tuple else e.record() for e in self._pop_events()]
-
-    def _pop_events(self, limit: int | None = None) -> list:
-        """Remove and return up to `limit` buffered entries (tuples, or finished `Span`s)."""
         events, out = self._events, []
-        pop, append = events.popleft, out.append
         try:
             for _ in range(len(events) if limit is None else min(limit, len(events))):
-                append(pop())
-        except IndexError:
+                out.append(events.popleft())
+        except IndexError:  # another thread took the rest
             pass
         return out
 
     def stats(self) -> dict[str, int]:
-        """Counts: events dropped (buffer full), buffered, written, bytes written, and the
-        CPU time (ns) the encoder process has used (0 when encoding in this process)."""
+        """Counts: events dropped (buffer full), buffered, written, bytes written, and the CPU
+        time (ns) the writer spent encoding and writing."""
         writer = self._writer or self._last_writer
         return {"dropped": self._dropped, "buffered": len(self._events),
                 "written": writer.events_written if writer else 0,
                 "bytes": writer.bytes_written if writer else 0,
-                "encoder_cpu_ns": writer.encoder_cpu_ns if writer else 0}
+                "writer_cpu_ns": writer.cpu_ns if writer else 0}
+
+
+def _host_info() -> dict:
+    """What the doctor needs to know about the machine: the CPU cores this process may use and,
+    if the program uses JAX, its backend and device count (whether engine and trainer can
+    share cores)."""
+    info = {"cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 0}
+    jax = sys.modules.get("jax")  # never imported here: a program without JAX has no backend
+    if jax is not None:
+        try:
+            info.update(jax_backend=jax.default_backend(), jax_devices=jax.device_count())
+        except Exception:  # noqa: BLE001 - a broken backend is the program's to report
+            pass
+    return info
 
 
 class _TrackScope:
@@ -401,9 +378,7 @@ def traced(name: str | Callable | None = None, *, track: str | None = None,
                 return fn(*args, **kwargs)
         return wrapper
 
-    if callable(name) and not isinstance(name, str):
-        return decorate(name)
-    return decorate
+    return decorate(name) if callable(name) and not isinstance(name, str) else decorate
 
 
 __all__ = ["Tracer", "Span", "ThreadTrack", "get_tracer", "set_enabled", "traced"]

@@ -50,6 +50,20 @@ def _knob(fields: dict, key: str) -> Any:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _shared_compute(fields: dict) -> str:
+    """Why overlapping rollouts with training may not pay: both use the same compute."""
+    slowdown, host = fields["training_slowdown"], fields["host"]
+    if slowdown is not None and slowdown >= 1.5:
+        return (f"; but it will not help here: engine and trainer share compute (decode steps "
+                f"took {slowdown:.1f}x longer while a train step ran), so overlapping them "
+                f"does not shorten the run; give them separate devices or a faster train step")
+    if host.get("jax_backend") == "cpu":
+        return (f"; caution: on the cpu backend the engine and the trainer share the same "
+                f"{host.get('cpu_cores', '?')} cores, so overlapping them helps only while the "
+                f"train step leaves cores idle (waits, host work); measure a run before keeping it")
+    return ""
+
+
 def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     """(bottleneck, verdict, suggestion) from the report fields."""
     from agentax.trace._intervals import difference_length, length
@@ -105,7 +119,7 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
                    f"correction keeps the update sound)")
         else:
             tip = f"raise pipeline.max_staleness by {step}"
-        return "staleness", lead + ".", tip
+        return "staleness", lead + ".", tip + _shared_compute(fields)
 
     if waiting >= 1.0 and full >= 0.5 and model_share >= 0.3:
         lat = _latency(fields, names.MODEL_CALL)

@@ -22,8 +22,8 @@ PRODUCER_BLOCKED = "producer_blocked"  # collector blocked on a full group queue
 STALENESS_WAIT = "staleness_wait"  # collector blocked: would exceed max_staleness
 PREFILL = "prefill"  # engine prefill of new requests into free slots (engine track)
 DECODE_STEP = "decode_step"  # one batched decode step of all active slots (engine track)
-PROFILER_WINDOW = "profiler_window"  # the jax.profiler capture window (profiler track)
 DEVICE_CALL = "device_call"  # default name for `Tracer.device_span`
+HOST_INFO = "host_info"  # instant at `Tracer.start`: cpu_cores, jax_backend, jax_devices
 
 # --- counters ----------------------------------------------------------------------------
 ENGINE_ACTIVE_SLOTS = "engine_active_slots"
@@ -37,7 +37,6 @@ STALENESS = "staleness"  # policy versions behind, one sample per trained trajec
 ENGINE_TRACK = "engine"
 TRAINER_TRACK = "trainer"
 COLLECTOR_TRACK = "collector"
-PROFILER_TRACK = "profiler"
 EPISODE_TRACK_PREFIX = "episode/"
 
 # --- args keys the doctor reads -------------------------------------------------------------
@@ -51,7 +50,7 @@ ARG_OK = "ok"  # on TOOL_CALL: whether the call succeeded (ToolResult.ok)
 
 SPANS = (ROLLOUT, EPISODE, MODEL_CALL, ENV_RESET, ENV_STEP, TOOL_CALL, REWARD, TRAIN_STEP,
          WEIGHT_PUBLISH, TRAINER_WAIT, PRODUCER_BLOCKED, STALENESS_WAIT, PREFILL, DECODE_STEP,
-         PROFILER_WINDOW, DEVICE_CALL)
+         DEVICE_CALL, HOST_INFO)
 COUNTERS = (ENGINE_ACTIVE_SLOTS, ENGINE_WAITING, ENGINE_TOKENS_PER_STEP, ENGINE_EVICTIONS,
             QUEUE_DEPTH, STALENESS)
 

@@ -31,7 +31,6 @@ from agentax.train._step import (
     SUM_METRICS,
     CompileCounter,
     GraphDefs,
-    LossSpec,
     accumulate_grads,
     apply_update,
     init_optimizer,
@@ -206,13 +205,13 @@ class TrainerBase:
 
     # ------------------------------------------------------------------ update
 
-    def _run_update(self, batches: Sequence[Batch], counts, spec: LossSpec):
+    def _run_update(self, batches: Sequence[Batch], counts, rl: TrainerConfig | None):
         """Accumulates over `batches` and applies one update; returns device results."""
         metrics = []
         for batch in batches:
-            self._compiles.record("accumulate_grads", spec, batch)
+            self._compiles.record("accumulate_grads", rl, batch)
             self._acc, m = accumulate_grads(self._graphdefs, self._params, self._rest, batch,
-                                            counts, self._acc, spec=spec,
+                                            counts, self._acc, rl=rl,
                                             acc_shardings=self._acc_shardings)
             metrics.append(m)
         self._compiles.record("apply_update", None)

@@ -80,7 +80,7 @@ class TrainerConfig:
     # ------------------------------------------------------------------ RL algorithm
     advantage: str = "grpo"
     """Advantage estimator by name (agentax.algos registry): grpo, dr_grpo, rloo, reinforce_pp, gae."""
-    advantage_kwargs: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    advantage_kwargs: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     """Knobs of the estimator (grpo: eps, std_ddof; reinforce_pp: gamma; gae: gamma, lam, whiten)."""
     policy_loss: str = "ppo"
     """'ppo' (clipped surrogate, token level) or 'gspo' (sequence-level ratio)."""

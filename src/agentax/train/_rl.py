@@ -30,13 +30,7 @@ from agentax.train._base import TrainerBase, _copy
 from agentax.train._batch import HostSequence, MicroBatch
 from agentax.train._config import TrainerConfig
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
-from agentax.train._step import (
-    GraphDefs,
-    LossSpec,
-    NonFiniteUpdateError,
-    compute_advantages,
-    score_tokens,
-)
+from agentax.train._step import GraphDefs, NonFiniteUpdateError, compute_advantages, score_tokens
 
 __all__ = ["RLTrainer", "TrainMetrics"]
 
@@ -129,15 +123,7 @@ class RLTrainer(TrainerBase):
                                      partition_rules=partition_rules)
                 self._ref = (other._graphdefs.model, {"model": other._params["model"]},
                              other._rest)
-        c = config
-        self._spec = LossSpec(
-            mode="rl", policy_loss=c.policy_loss, clip_eps_low=c.clip_eps_low,
-            clip_eps_high=c.clip_eps_high, dual_clip_c=c.dual_clip_c, off_policy=c.off_policy,
-            is_cap=c.is_cap, agg_mode=c.agg_mode, agg_norm=c.agg_norm,
-            entropy_coef=c.entropy_coef, kl_coef=0.0 if c.kl_in_reward else c.kl_coef,
-            kl_estimator=c.kl_estimator, value_coef=c.value_coef if c.uses_value_head else 0.0,
-            value_clip_eps=c.value_clip_eps)
-        self._knobs = tuple(sorted(dict(c.advantage_kwargs).items()))
+        self._knobs = tuple(sorted(dict(config.advantage_kwargs).items()))
 
     # ------------------------------------------------------------------ host side
 
@@ -215,7 +201,7 @@ class RLTrainer(TrainerBase):
         batches = self._score_and_advantages(mbs, batches, rewards, group_ids, finite, len(seqs))
         lr = self.learning_rate
         dev_counts = self._put_counts(counts)
-        epochs = [self._run_update(batches, dev_counts, self._spec) for _ in range(c.ppo_epochs)]
+        epochs = [self._run_update(batches, dev_counts, self.config) for _ in range(c.ppo_epochs)]
         epochs = jax.device_get(epochs)  # the one host sync of the step
         applied = sum(bool(stats["applied"]) for _, stats in epochs)
         self.step_count += applied

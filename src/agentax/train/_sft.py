@@ -23,7 +23,7 @@ from agentax.train._base import TrainerBase
 from agentax.train._batch import HostSequence
 from agentax.train._config import TrainerConfig
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
-from agentax.train._step import LossSpec, NonFiniteUpdateError
+from agentax.train._step import NonFiniteUpdateError
 
 __all__ = ["SFTTrainer", "SFTMetrics", "sft_examples"]
 
@@ -99,7 +99,6 @@ class SFTTrainer(TrainerBase):
                  mesh: Mesh | None = None, partition_rules=DEFAULT_PARTITION_RULES):
         super().__init__(model, config or TrainerConfig(), mesh=mesh,
                          partition_rules=partition_rules)
-        self._spec = LossSpec(mode="sft")
         self._pending: list = []  # device skip flags of steps not yet synced
 
     def step(self, examples: Sequence[Any]) -> SFTMetrics:
@@ -125,7 +124,7 @@ class SFTTrainer(TrainerBase):
         self.data_position += len(examples)
         dev_counts = self._put_counts(counts)
         batches = [self._put(mb.batch) for mb in mbs]
-        metrics, stats = self._run_update(batches, dev_counts, self._spec)
+        metrics, stats = self._run_update(batches, dev_counts, None)
         step = self.step_count
         # Counted without a host sync; `sync_counters` later removes skipped updates.
         self.step_count += 1

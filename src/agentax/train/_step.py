@@ -15,7 +15,6 @@ of micro-batch gradients equals the gradient of the full-batch loss.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -26,8 +25,9 @@ from flax import nnx
 
 from agentax import algos
 from agentax.train._batch import Batch
+from agentax.train._config import TrainerConfig
 
-__all__ = ["LossSpec", "GraphDefs", "CompileCounter", "NonFiniteUpdateError", "accumulate_grads",
+__all__ = ["GraphDefs", "CompileCounter", "NonFiniteUpdateError", "accumulate_grads",
            "apply_update", "score_tokens", "compute_advantages", "init_optimizer", "SUM_METRICS"]
 
 
@@ -47,26 +47,6 @@ class GraphDefs(NamedTuple):
 
     model: Any
     value: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSpec:
-    """Static description of the loss (hashable; a static jit argument)."""
-
-    mode: str = "rl"  # "rl" | "sft"
-    policy_loss: str = "ppo"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip_c: float | None = None
-    off_policy: str = "none"
-    is_cap: float | None = None
-    agg_mode: str = "token-mean"
-    agg_norm: float | None = None
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    value_coef: float = 0.0
-    value_clip_eps: float | None = 0.2
 
 
 class CompileCounter:
@@ -115,66 +95,67 @@ def _forward(graphdefs: GraphDefs, params, rest, batch: Batch):
     return logits, values
 
 
-def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, spec: LossSpec):
+def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerConfig | None):
     logits, values = _forward(graphdefs, params, rest, batch)
     logp = algos.gather_logprobs(logits, batch.target_ids)  # [B, T]
     mask = batch.loss_mask
     num_tokens = jnp.sum(mask)
-    if spec.mode == "sft":
+    if rl is None:  # SFT: next-token negative log-likelihood
         loss = algos.aggregate_loss(-logp, mask, mode="token-mean", global_count=counts["tokens"])
         correct = jnp.sum(jnp.where(mask > 0, jnp.argmax(logits, -1) == batch.target_ids, False))
         return loss, {"loss": loss, "nll": loss, "correct": correct.astype(jnp.float32),
                       "num_tokens": num_tokens}
-    count = counts["tokens"] if spec.agg_mode == "token-mean" else counts["seqs"]
-    agg = dict(agg_mode=spec.agg_mode, agg_norm=spec.agg_norm, global_count=count)
+    count = counts["tokens"] if rl.agg_mode == "token-mean" else counts["seqs"]
+    agg = dict(agg_mode=rl.agg_mode, agg_norm=rl.agg_norm, global_count=count)
     if batch.proximal_logprobs is not None:
         proximal = batch.proximal_logprobs
     else:  # one update per batch: the proximal policy is the current one, before the update
         proximal = jax.lax.stop_gradient(logp)
     common = dict(logp_bt=logp, proximal_logp_bt=proximal, advantages_bt=batch.advantages,
-                  loss_mask_bt=mask, clip_eps_low=spec.clip_eps_low, **agg)
-    if spec.policy_loss == "ppo":
+                  loss_mask_bt=mask, clip_eps_low=rl.clip_eps_low, **agg)
+    if rl.policy_loss == "ppo":
         loss, metrics = algos.ppo_policy_loss(
             **common, behaviour_logp_bt=batch.behaviour_logprobs,
-            clip_eps_high=spec.clip_eps_high, dual_clip_c=spec.dual_clip_c,
-            off_policy=spec.off_policy, is_cap=spec.is_cap)
+            clip_eps_high=rl.clip_eps_high, dual_clip_c=rl.dual_clip_c,
+            off_policy=rl.off_policy, is_cap=rl.is_cap)
     else:
-        eps_high = spec.clip_eps_low if spec.clip_eps_high is None else spec.clip_eps_high
+        eps_high = rl.clip_eps_low if rl.clip_eps_high is None else rl.clip_eps_high
         loss, metrics = algos.gspo_policy_loss(**common, clip_eps_high=eps_high)
     metrics = dict(metrics)
-    if spec.entropy_coef > 0:
+    if rl.entropy_coef > 0:
         ent_loss, ent = algos.entropy_bonus(logits_btv=logits, loss_mask_bt=mask,
-                                            coef=spec.entropy_coef, **agg)
+                                            coef=rl.entropy_coef, **agg)
         loss = loss + ent_loss
         metrics.update(ent)
     else:
         ent_bt = algos.token_entropy(jax.lax.stop_gradient(logits))
-        metrics["entropy"] = algos.aggregate_loss(ent_bt, mask, mode=spec.agg_mode,
-                                                  norm=spec.agg_norm, global_count=count)
-    if spec.kl_coef > 0 and batch.ref_logprobs is not None:
+        metrics["entropy"] = algos.aggregate_loss(ent_bt, mask, mode=rl.agg_mode,
+                                                  norm=rl.agg_norm, global_count=count)
+    if rl.kl_coef > 0 and not rl.kl_in_reward and batch.ref_logprobs is not None:
         kl, kl_metrics = algos.kl_loss(logp_bt=logp, ref_logp_bt=batch.ref_logprobs,
-                                       loss_mask_bt=mask, kind=spec.kl_estimator, **agg)
-        loss = loss + spec.kl_coef * kl
+                                       loss_mask_bt=mask, kind=rl.kl_estimator, **agg)
+        loss = loss + rl.kl_coef * kl
         metrics.update(kl_metrics)
-    if values is not None:
+    if values is not None:  # a value head exists only for advantage='gae'
         vf, vf_metrics = algos.value_loss(values_bt=values, old_values_bt=batch.old_values,
                                           returns_bt=batch.returns, loss_mask_bt=mask,
-                                          clip_eps=spec.value_clip_eps, **agg)
-        loss = loss + spec.value_coef * vf
+                                          clip_eps=rl.value_clip_eps, **agg)
+        loss = loss + rl.value_coef * vf
         metrics.update(vf_metrics)
     metrics["loss"] = loss
     metrics["num_tokens"] = num_tokens
     return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs", "spec", "acc_shardings"),
+@functools.partial(jax.jit, static_argnames=("graphdefs", "rl", "acc_shardings"),
                    donate_argnames=("acc",))
 def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, acc, *,
-                     spec: LossSpec, acc_shardings: tuple | None = None):
+                     rl: TrainerConfig | None, acc_shardings: tuple | None = None):
     """Adds one micro-batch's gradients and loss to `acc` = {"grads", "loss"}.
 
     Args:
       params: trainable state {"model": ..., ["value": ...]}; rest: frozen model state.
+      rl: the trainer's config, whose RL fields choose the loss; None = the SFT loss.
       batch: the micro-batch on device.
       counts: {"tokens", "seqs"} float32 scalars over the whole optimizer batch.
       acc_shardings: shardings of acc's leaves (flattened), kept on the output under a mesh.
@@ -182,7 +163,7 @@ def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, a
       (new acc, this micro-batch's metrics dict of scalars).
     """
     (loss, metrics), grads = jax.value_and_grad(_loss, has_aux=True)(
-        params, rest, graphdefs, batch, counts, spec)
+        params, rest, graphdefs, batch, counts, rl)
     new = {"grads": jax.tree.map(jnp.add, acc["grads"], grads), "loss": acc["loss"] + loss}
     return _constrain(new, acc_shardings), metrics
 

@@ -1,4 +1,5 @@
-"""A synthetic asynchronous RL run, instrumented like a real one, for tests, demos and benchmarks.
+"""A synthetic asynchronous RL run, instrumented like a real one, for the doctor tests and the
+span-dense figures of benchmarks/trace.py (which imports it from here; not part of the library).
 
 Episodes (reset, then turns of model call + env step, a tool call every other turn, a reward)
 run as asyncio tasks; an engine with `max_slots` slots serves model calls; complete groups go
@@ -19,10 +20,7 @@ import random
 import selectors
 from typing import Any
 
-from agentax.trace import names
-from agentax.trace._files import CONFIG_FILENAME
-from agentax.trace._metrics import MetricsLogger
-from agentax.trace._tracer import Tracer
+from agentax.trace import CONFIG_FILENAME, MetricsLogger, Tracer, names
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
