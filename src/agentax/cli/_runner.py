@@ -333,7 +333,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
 
     async def _main() -> Any:
         t = time.perf_counter()
-        if start_step == 0:
+        if start_step == 0 and checkpointer.saved_step is None:  # not on a resume: once
             out["eval_before"] = _report_eval(rep, 0, "before", await _evaluate(
                 cfg, engine, tokenizer, suite))
         rep.timings["eval_before_s"] = time.perf_counter() - t
