@@ -20,9 +20,31 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   (prefill only the new tokens) vs re-prefilling the whole history every turn. Figure: wall
   time of re-prefill over continuation.
 * kv_cache_bytes, compiles (engine kernel compilations for the whole run of a preset).
+* decode_over_bare_filled — 32 greedy requests (16-token prompts, 108 generated: sequences
+  <= 124 tokens) on an engine of 32 slots with max_seq_len 1024: engine tokens/s (the whole
+  `generate_batch`, prefill and host included) over a bare jitted decode loop on the same
+  model and batch that attends only over the filled positions (its own [B, 128, K, H] cache,
+  `dynamic_update_slice` writes, attention over a power-of-two span from 16 covering the
+  filled length, greedy argmax, 8 steps per jitted call, prefill not timed). Goal >= 0.8.
+* decode_cost_growth — the same workload on two engines, max_seq_len 1024 and 128: decode
+  ms per step (wall time of the run / decode steps) at 1024 over at 128. Goal <= 1.3.
+* tokens_per_s_steps_N / tokens_per_s_chunk_N — the lognormal workload with N fused decode
+  steps per call / N-token prefill chunks (full run only; alternated rounds), the
+  measurement behind the defaults.
+* kv_bytes_per_token_held, sequences_in_budget_slots / _paged_computed — KV memory per token
+  the workload's sequences really hold in the slot layout, and how many such sequences the
+  same bytes hold as slots vs as 16-token pages (the paged figure is computed, not run).
+* --paging-study — decode step cost of a paged KV cache (16-token pages, block table,
+  gathered pages) over the span-bucket layout, same model and span (docs/engine.md).
+
+Every timed figure is the median of alternating pairs after a warm-up run of the very same
+workload (so the timed part compiles nothing; `timed_compiles` reports it). `*_cpu` figures
+are the same ratios in process CPU time (all threads): steadier than wall time on a shared
+machine, and equal to it when the process has its cores to itself.
 
 `--quick` runs the tiny preset on small workloads (< 1 min on 2 cores); the full run does
-tiny and small and writes benchmarks/results/engine.json. The last line printed is JSON.
+the tiny preset (`--with-small` adds the ~20M one) and writes benchmarks/results/engine.json.
+The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -35,12 +57,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from agentax.engine import Engine, EngineConfig
 from agentax.models import ModelConfig, Transformer, save_pretrained
+from agentax.models._layers import attention, cached_attention
 from agentax.records import SamplingParams
 
 
@@ -76,11 +102,13 @@ def timed(fn):
 
 def _run_counted(engine, fn):
     s0 = engine.stats()
+    cpu = time.process_time()
     _, t = timed(fn)
+    cpu = time.process_time() - cpu
     s1 = engine.stats()
     steps = s1.steps - s0.steps
     tokens = s1.total_tokens - s0.total_tokens
-    return t, steps, tokens / max(steps * engine.config.max_slots, 1)
+    return t, steps, tokens / max(steps * engine.config.max_slots, 1), cpu
 
 
 def bench_batching(engine, prompts, lengths, slots, repeats):
@@ -98,6 +126,7 @@ def bench_batching(engine, prompts, lengths, slots, repeats):
         "static_req_per_s": n / t_stat,
         "continuous_over_static": float(np.median([s[0] / c[0] for c, s in zip(cont, stat)])),
         "continuous_over_static_min": min(s[0] / c[0] for c, s in zip(cont, stat)),
+        "continuous_over_static_cpu": float(np.median([s[3] / c[3] for c, s in zip(cont, stat)])),
         "continuous_tokens_per_s": sum(lengths) / t_cont,
         "continuous_steps": cont[0][1],
         "static_steps": stat[0][1],
@@ -116,7 +145,7 @@ def time_split(engine, prompts, lengths):
     than an unwrapped one); "host" is everything else in the run (scheduling, bookkeeping,
     transfers, the asyncio front end).
     """
-    from agentax.engine import _engine as eng_mod
+    from agentax.engine import _runner as eng_mod
 
     spent = {"decode": 0.0, "prefill": 0.0}
     originals = {"decode": eng_mod.decode_steps, "prefill": eng_mod.prefill_chunk}
@@ -191,6 +220,238 @@ def bench_transformers(model, engine, prompts, lengths, slots):
     }
 
 
+# ---------------------------------------------------------------------- decode over filled
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6), donate_argnums=(2, 3))
+def _bare_decode(graphdef, state, k, v, tok_b, span, steps, pos):
+    """`steps` greedy decode steps of every row at position `pos`..: [B, T, K, H] per-layer
+    caches written with dynamic_update_slice, attention over the first `span` positions."""
+    model = nnx.merge(graphdef, state)
+    b = tok_b.shape[0]
+
+    def step(i, carry):
+        k, v, tok = carry
+        p = pos + i
+        positions = jnp.full((b, 1), p, jnp.int32)
+        x = model.embed_tokens(tok[:, None])
+        mask = jnp.broadcast_to((jnp.arange(span) <= p)[None, None, :], (b, 1, span))
+        new_k, new_v = [], []
+        for layer, block in enumerate(model.layers):
+            attn = block.attn
+            q, kk, vv = attn.qkv(block.attn_norm(x), positions)
+            kl = jax.lax.dynamic_update_slice(k[layer], kk.astype(k[layer].dtype), (0, p, 0, 0))
+            vl = jax.lax.dynamic_update_slice(v[layer], vv.astype(v[layer].dtype), (0, p, 0, 0))
+            out = attention(q, kl[:, :span], vl[:, :span], mask, scale=attn.scale,
+                            softcap=attn.softcap)
+            x = block._finish(x, attn.o_proj(out.reshape(b, 1, -1)))
+            new_k.append(kl)
+            new_v.append(vl)
+        nxt = jnp.argmax(model.logits(model.final_norm(x))[:, 0], axis=-1).astype(jnp.int32)
+        return tuple(new_k), tuple(new_v), nxt
+
+    return jax.lax.fori_loop(0, steps, step, (k, v, tok_b))
+
+
+def bare_filled_decode(model, batch, prompt_len, new_tokens, cap=128, steps=8):
+    """Runs the bare loop once; returns its wall time (prefill excluded: the cache starts
+    zeroed at position prompt_len, which costs the same)."""
+    cfg = model.config
+    graphdef, state = nnx.split(model)
+    shape = (batch, cap, cfg.num_kv_heads, cfg.head_dim)
+    k = tuple(jnp.zeros(shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    v = tuple(jnp.zeros(shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    tok = jnp.ones((batch,), jnp.int32)
+    jax.block_until_ready((k, v))
+    t = time.perf_counter()
+    pos = prompt_len
+    while pos < prompt_len + new_tokens:
+        n = min(steps, prompt_len + new_tokens - pos)
+        span = max(16, 1 << (pos + n - 1).bit_length())
+        k, v, tok = _bare_decode(graphdef, state, k, v, tok, min(span, cap), n, jnp.int32(pos))
+        tok = jax.device_get(tok)  # the host sees every call's tokens, as an engine must
+        pos += n
+    return time.perf_counter() - t
+
+
+def _filled_run(engine, prompts, params):
+    s0 = engine.stats()
+    cpu = time.process_time()
+    _, t = timed(lambda: engine.generate_batch(prompts, params))
+    cpu = time.process_time() - cpu
+    s1 = engine.stats()
+    return t, s1.steps - s0.steps, s1.num_compiles - s0.num_compiles, cpu
+
+
+def _bare_run(model, batch, prompt_len, new_tokens):
+    cpu = time.process_time()
+    t = bare_filled_decode(model, batch, prompt_len, new_tokens)
+    return t, time.process_time() - cpu
+
+
+def bench_decode_filled(model, *, batch=32, prompt_len=16, new_tokens=108, pairs=3):
+    """decode_over_bare_filled and decode_cost_growth (see the module docstring)."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 256, size=prompt_len).tolist() for _ in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+    common = dict(max_slots=batch, prefill_chunk=16, min_prefill_bucket=16)
+    long = Engine(model, EngineConfig(max_seq_len=1024, **common))
+    short = Engine(model, EngineConfig(max_seq_len=128, **common))
+    try:
+        for eng in (long, short):  # warm-up: compiles every shape the timed runs use
+            _filled_run(eng, prompts, params)
+        bare_filled_decode(model, batch, prompt_len, new_tokens)
+        over_bare, growth, compiles = [], [], 0
+        ms_long, ms_short, tps, over_bare_cpu, growth_cpu = [], [], [], [], []
+        for _ in range(pairs):
+            t_long, steps_long, c1, cpu_long = _filled_run(long, prompts, params)
+            t_bare, cpu_bare = _bare_run(model, batch, prompt_len, new_tokens)
+            t_short, steps_short, c2, cpu_short = _filled_run(short, prompts, params)
+            compiles += c1 + c2
+            over_bare.append(t_bare / t_long)
+            over_bare_cpu.append(cpu_bare / cpu_long)
+            ms_long.append(1000 * t_long / steps_long)
+            ms_short.append(1000 * t_short / steps_short)
+            growth.append(ms_long[-1] / ms_short[-1])
+            growth_cpu.append((cpu_long / steps_long) / (cpu_short / steps_short))
+            tps.append(batch * new_tokens / t_long)
+    finally:
+        long.shutdown()
+        short.shutdown()
+    return {
+        "decode_over_bare_filled": float(np.median(over_bare)),
+        "decode_over_bare_filled_min": float(min(over_bare)),
+        "decode_cost_growth": float(np.median(growth)),
+        "decode_cost_growth_max": float(max(growth)),
+        "decode_over_bare_filled_cpu": float(np.median(over_bare_cpu)),
+        "decode_cost_growth_cpu": float(np.median(growth_cpu)),
+        "decode_ms_per_step_1024": float(np.median(ms_long)),
+        "decode_ms_per_step_128": float(np.median(ms_short)),
+        "filled_engine_tokens_per_s": float(np.median(tps)),
+        "filled_pairs": pairs,
+        "timed_compiles": compiles,
+    }
+
+
+def bench_config_sweep(model, prompts, lengths, slots, chunk, sweep, rounds=2):
+    """Tokens/s of the lognormal workload per engine setting (alternated rounds, each after
+    a warm-up run): `steps_N` fuses N decode steps per call, `chunk_N` prefills N-token chunks."""
+    params = [SamplingParams(max_tokens=n, seed=i) for i, n in enumerate(lengths)]
+
+    def config(name):
+        kind, n = name.rsplit("_", 1)
+        kw = dict(max_slots=slots, max_seq_len=288, prefill_chunk=chunk, precompile=True)
+        kw.update({"steps": dict(decode_steps_per_call=int(n)),
+                   "chunk": dict(prefill_chunk=int(n), min_prefill_bucket=16)}[kind])
+        return EngineConfig(**kw)
+
+    engines = {name: Engine(model, config(name)) for name in sweep}
+    times = {name: [] for name in sweep}
+    try:
+        for eng in engines.values():
+            asyncio.run(_continuous(eng, prompts, params))  # warm-up: compiles what runs
+        for _ in range(rounds):
+            for name, eng in engines.items():
+                times[name].append(timed(lambda: asyncio.run(_continuous(eng, prompts, params)))[1])
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+    return {f"tokens_per_s_{name}": sum(lengths) / float(np.median(t)) for name, t in times.items()}
+
+
+# ---------------------------------------------------------------------- paging study
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6), donate_argnums=(2, 3))
+def _paged_step(graphdef, state, k_pool, v_pool, tok_b, pos_b, pages, table_bp):
+    """One greedy decode step over a paged KV cache: per-layer pools [P, K, 16, H], a block
+    table [B, pages_per_seq]; attention gathers the first `pages` pages of every row."""
+    model = nnx.merge(graphdef, state)
+    b, page = tok_b.shape[0], k_pool[0].shape[2]
+    positions = pos_b[:, None]
+    x = model.embed_tokens(tok_b[:, None])
+    span = pages * page
+    mask = (jnp.arange(span)[None, :] <= pos_b[:, None])[:, None, :]  # [B, 1, L]
+    blk = jnp.take_along_axis(table_bp, (pos_b // page)[:, None], axis=1)[:, 0]
+    off = pos_b % page
+    new_k, new_v = [], []
+    for layer, block in enumerate(model.layers):
+        attn = block.attn
+        q, kk, vv = attn.qkv(block.attn_norm(x), positions)
+        kp = k_pool[layer].at[blk, :, off].set(kk[:, 0].astype(k_pool[layer].dtype))
+        vp = v_pool[layer].at[blk, :, off].set(vv[:, 0].astype(v_pool[layer].dtype))
+        ids = table_bp[:, :pages]  # [B, pages]
+        kg = kp[ids].transpose(0, 2, 1, 3, 4).reshape(b, kp.shape[1], span, -1)  # [B, K, L, H]
+        vg = vp[ids].transpose(0, 2, 1, 3, 4).reshape(b, vp.shape[1], span, -1)
+        out = cached_attention(q, kg, vg, mask, scale=attn.scale, softcap=attn.softcap)
+        x = block._finish(x, attn.o_proj(out.reshape(b, 1, -1)))
+        new_k.append(kp)
+        new_v.append(vp)
+    nxt = jnp.argmax(model.logits(model.final_norm(x))[:, 0], axis=-1).astype(jnp.int32)
+    return tuple(new_k), tuple(new_v), nxt
+
+
+def paging_study(model, batch=32, filled=120, max_seq_len=1024, steps=64, page=16):
+    """Decode step cost (process CPU ms, 1 step per call, median of interleaved calls): the
+    engine's contiguous head-major cache read over a span bucket vs a paged cache (16-token
+    pages, a block table, pages gathered for attention), both attending over 128 positions."""
+    from agentax.engine._kernels import ModelDef, decode_steps
+    from agentax.engine._sampling import RowSampling
+    from agentax.models import init_cache
+
+    cfg = model.config
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    model_def = ModelDef(graphdef, treedef)
+    cache = init_cache(cfg, batch, max_seq_len)
+    st = jnp.asarray(np.stack([np.ones(batch, np.int32), np.full(batch, filled, np.int32),
+                               np.ones(batch, np.int32), np.full(batch, 1 << 20, np.int32)]))
+    samp = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
+                       jnp.zeros(batch, jnp.uint32))
+    stop = jnp.full((batch, 8), -1, jnp.int32)
+    per_seq = max_seq_len // page
+    pool_shape = (batch * per_seq, cfg.num_kv_heads, page, cfg.head_dim)
+    k_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    v_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
+                        .reshape(batch, per_seq).astype(np.int32))
+    tok, pos = jnp.ones(batch, jnp.int32), jnp.full(batch, filled, jnp.int32)
+    span = 128
+    times = {"bucket": [], "paged": []}
+    for i in range(steps + 2):
+        c = time.process_time()
+        *out, cache = decode_steps(model_def, leaves, cache, st, samp, stop, 1, span)
+        jax.block_until_ready(out)
+        if i >= 2:
+            times["bucket"].append(time.process_time() - c)
+        c = time.process_time()
+        k_pool, v_pool, tok = _paged_step(graphdef, state, k_pool, v_pool, tok, pos, span // page,
+                                          table)
+        jax.block_until_ready(tok)
+        if i >= 2:
+            times["paged"].append(time.process_time() - c)
+    bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+    return {"paging_study_bucket_ms": bucket, "paging_study_paged_ms": paged,
+            "paged_over_bucket_cost": paged / bucket}
+
+
+def memory_figures(engine, prompts, lengths, page=16):
+    """KV bytes per token held, and sequences that fit the engine's KV budget, for the
+    workload's final sequence lengths: the slot layout (every sequence holds max_seq_len
+    positions) against a paged layout of 16-token pages (computed, not implemented)."""
+    cfg = engine.config
+    per_token = engine.kv_cache_bytes / (cfg.max_slots * cfg.max_seq_len)
+    held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
+    paged = np.ceil(held / page) * page
+    return {
+        "kv_bytes_per_token_held": per_token * cfg.max_seq_len / float(held.mean()),
+        "kv_bytes_per_token": per_token,
+        "sequences_in_budget_slots": cfg.max_slots,
+        "sequences_in_budget_paged_computed": int(engine.kv_cache_bytes // (per_token * paged.mean())),
+        "mean_sequence_tokens": float(held.mean()),
+    }
+
+
 async def _episode(engine, rng_seed, turns, continuation, tool_latency):
     rng = np.random.default_rng(rng_seed)
     history = rng.integers(0, 256, size=64).tolist()
@@ -217,6 +478,8 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
             _episode(engine, i, turns, continuation, tool_latency) for i in range(episodes)
         ))
 
+    asyncio.run(run(True))  # warm-up: longer histories need prefill spans not yet compiled
+    asyncio.run(run(False))
     ev0 = engine.stats().evictions
     _, t_cont = timed(lambda: asyncio.run(run(True)))
     evictions = engine.stats().evictions - ev0
@@ -229,50 +492,66 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
     }
 
 
-def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats, chunk=64):
+def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats, chunk=64,
+               filled_pairs=3, min_chunk=16):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
-    # precompile: every prefill shape and decode compile before any timing.
-    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk, precompile=True)
+    # precompile: every shape the traffic may meet (which row/span buckets a run meets
+    # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
+    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk,
+                          min_prefill_bucket=min_chunk, precompile=True)
     rng = np.random.default_rng(0)
     out = {}
-    warm = [[1] * n for n in (10, 30, 60)]
     with Engine(model, config) as engine:
-        engine.generate_batch(warm, SamplingParams(max_tokens=2))
         prompts, lengths = workload(rng, requests)
+        # Warm-up: the very workload once, so the timed runs compile nothing.
+        params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i)
+                  for i, n in enumerate(lengths)]
+        asyncio.run(_continuous(engine, prompts, params))
+        asyncio.run(_static(engine, prompts, params, slots))
+        warm_compiles = engine.num_compiles
         out.update(bench_batching(engine, prompts, lengths, slots, repeats))
+        out["timed_compiles_batching"] = engine.num_compiles - warm_compiles
         out.update(time_split(engine, prompts, lengths))
-        out.update(bench_transformers(model, engine, prompts[:hf_requests],
-                                      lengths[:hf_requests], slots))
+        if hf_requests:
+            out.update(bench_transformers(model, engine, prompts[:hf_requests],
+                                          lengths[:hf_requests], slots))
         out.update(bench_episodes(engine, episodes))
         out["compiles"] = engine.num_compiles
         out["kv_cache_bytes"] = engine.kv_cache_bytes
-    for steps in steps_sweep:  # host overhead: decode steps fused per jitted call
-        cfg = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk,
-                           decode_steps_per_call=steps, precompile=True)
-        with Engine(model, cfg) as engine:
-            engine.generate_batch(warm, SamplingParams(max_tokens=2))
-            params = [SamplingParams(max_tokens=n, seed=i) for i, n in enumerate(lengths)]
-            _, t = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
-            out[f"tokens_per_s_steps_per_call_{steps}"] = sum(lengths) / t
+        out.update(memory_figures(engine, prompts, lengths))
+    if filled_pairs:
+        out.update(bench_decode_filled(model, pairs=filled_pairs))
+    if steps_sweep:
+        out.update(bench_config_sweep(model, prompts, lengths, slots, chunk, steps_sweep))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
+    parser.add_argument("--with-small", action="store_true",
+                        help="full run: also the ~20M preset (adds ~15 min on 2 cores)")
+    parser.add_argument("--paging-study", action="store_true",
+                        help="only compare a paged KV cache with span buckets (docs/engine.md)")
     args = parser.parse_args()
+    if args.paging_study:
+        model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
+        print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))
+        return
     if args.quick:
-        # Fewer prefill shapes (chunk 32: 4 row x 2 chunk buckets) keep compiling short.
-        plan = {"tiny": dict(slots=8, requests=32, hf_requests=8, episodes=8, steps_sweep=(),
-                             repeats=1, chunk=32)}
+        # Chunk 32 (one chunk bucket), a short workload, several alternating pairs.
+        # One chunk bucket (32) keeps precompiling short: 6 row x 2 span prefill shapes.
+        plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
+                             repeats=3, chunk=32, min_chunk=32, filled_pairs=3)}
     else:
-        plan = {
-            "tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
-                         steps_sweep=(4,), repeats=3),
+        plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
+                             steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",
+                                          "chunk_16", "chunk_32", "chunk_128"),
+                             repeats=3, filled_pairs=5)}
+        if args.with_small:
             # One pair: a small-preset decode step is ~150 ms on the shared CPU.
-            "small": dict(slots=32, requests=256, hf_requests=64, episodes=64, steps_sweep=(),
-                          repeats=1),
-        }
+            plan["small"] = dict(slots=32, requests=256, hf_requests=64, episodes=64,
+                                 steps_sweep=(), repeats=1, filled_pairs=0)
     results = {}
     for name, kw in plan.items():
         t = time.perf_counter()
@@ -286,7 +565,11 @@ def main() -> None:
     head = list(results)[-1]  # the largest preset run
     for key in ("continuous_over_static", "over_transformers", "continuation_over_reprefill",
                 "kv_cache_bytes", "compiles"):
-        figures[key] = figures[f"{head}/{key}"]
+        if f"{head}/{key}" in figures:
+            figures[key] = figures[f"{head}/{key}"]
+    for key in ("decode_over_bare_filled", "decode_cost_growth"):  # measured on tiny
+        figures[key] = figures[f"tiny/{key}"]
+    figures["continuous_over_static_tiny"] = figures["tiny/continuous_over_static"]
     figures["workload"] = (
         f"lognormal outputs (median {MEDIAN_LEN}, sigma {SIGMA}, cap {MAX_TOKENS}), prompts "
         "16-64, arrival order fixed; 4-turn episodes, 50 ms tools"

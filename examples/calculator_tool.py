@@ -1,63 +1,60 @@
-"""Multi-turn tool use: a calculator tool, a ToolAgent, and the token-exact training stream.
+"""Multi-turn tool use: the model may call a calculator, read its result and answer.
 
-The model (scripted here) calls the calculator, reads the result, and answers. Alongside the
-text loop, a TrajectoryBuilder assembles the episode as one token stream — the model's own ids
-with loss mask 1, the templated tool output with mask 0 — exactly what the trainer receives.
+ToolEnvironment runs the tool calls the agent parses (Hermes `<tool_call>` JSON) and scores
+the final answer with `math_verify`; the collector keeps each episode as one token stream,
+the model's own tokens with loss mask 1 and the tool output with mask 0, which is what the
+trainer receives. For the tiny model learning this in two minutes, see `agentax train
+calculator` (SFT warm start first); this file shows the same loop in plain Python.
 
-Run: python examples/calculator_tool.py
+Run: python examples/calculator_tool.py [--steps N]
 """
 
-import asyncio
+import argparse
 
-import numpy as np
+from flax import nnx
 
-from agentax.agents import ToolAgent, TrajectoryBuilder
-from agentax.agents.testing import ScriptedModel
+from agentax.agents import ToolAgent
+from agentax.engine import Engine, EngineConfig
 from agentax.envs import ToolEnvironment
-from agentax.records import Task, TrajectoryStatus
-from agentax.rewards import math_verify
+from agentax.models import ModelConfig, Transformer
+from agentax.pipeline import Pipeline, PipelineConfig
+from agentax.records import SamplingParams, Task
+from agentax.rollout import Collector, CollectorConfig
 from agentax.text import ByteTokenizer
 from agentax.tools import calculator
+from agentax.train import RLTrainer, TrainerConfig
 
-REPLIES = [
-    '<tool_call>{"name": "calculator", "arguments": {"expression": "(17 + 25) * 3"}}</tool_call>',
-    "The result is \\boxed{126}.",
-]
+TASKS = [Task(id=f"calc-{a}-{b}", prompt=f"What is {a}*{b}?", answer=str(a * b))
+         for a in range(11, 30) for b in range(3, 9)]
 
 
-async def main():
+def main(steps):
     tokenizer = ByteTokenizer()
-    task = Task(id="calc-1", prompt="What is (17 + 25) * 3? Use the calculator.", answer="126")
-    env = ToolEnvironment([calculator], math_verify, max_steps=4)
-    agent = ToolAgent([calculator])
-    model = ScriptedModel(REPLIES, tokenizer=tokenizer)
-
-    agent.reset(task)
-    agent.observe(await env.reset(task))
-    builder = TrajectoryBuilder(tokenizer, tools=agent.tools, task_id=task.id)
-    builder.start(agent.messages)
-    total = 0.0
-    while True:
-        completion = model.complete(agent.messages, version=0)  # the engine's role in a real run
-        action = agent.act(builder.add_completion(completion))
-        result = await env.step(action)
-        builder.record_step(action, result)
-        total += result.reward
-        print(f"[model] {action.text}")
-        if result.done:
-            break
-        new_messages = agent.observe(result.observation)
-        print(f"[tool]  {new_messages[0].content}")
-        builder.add_observation(new_messages)  # ids to feed the engine next
-    await env.close()
-
-    traj = builder.build(total, TrajectoryStatus.OK)
-    print(f"reward {traj.reward}; {traj.num_tokens} tokens, {traj.num_generated} generated (loss mask 1)")
-    print("the stream as the model saw it:\n" + tokenizer.decode(traj.token_ids))
-    assert traj.reward == 1.0 and env.tool_stats["tool_calls"] == 1
-    generated = np.concatenate([t.completion.token_ids for t in traj.turns])
-    assert (traj.token_ids[traj.loss_mask == 1] == generated).all()
+    model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
+                                         num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
+    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=192, prefill_chunk=64),
+                    eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
+    collector = Collector(engine, tokenizer,
+                          env_factory=lambda: ToolEnvironment([calculator], "math_verify"),
+                          agent_factory=lambda: ToolAgent([calculator]),
+                          sampling=SamplingParams(temperature=1.0, max_tokens=24),
+                          config=CollectorConfig(max_turns=3, max_episode_tokens=180))
+    trainer = RLTrainer(model, TrainerConfig(learning_rate=1e-3, micro_batch_size=16,
+                                             max_seq_len=192, min_seq_bucket=64))
+    pipeline = Pipeline(collector, trainer, engine, TASKS,
+                        PipelineConfig(group_size=4, groups_per_step=4, max_concurrency=16,
+                                       filters=()),
+                        on_step=lambda r: print(f"step {r.step}: reward {r.reward_mean:.3f}"))
+    try:
+        result = pipeline.run(steps)
+    finally:
+        engine.shutdown()
+    print(f"trained {result.trajectories_trained} episodes in {result.wall_s:.1f} s; "
+          f"outcomes {result.accounting.summary()}")
+    assert len(result.steps) == steps and result.trajectories_trained == 16 * steps
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    main(parser.parse_args().steps)

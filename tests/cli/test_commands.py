@@ -15,7 +15,7 @@ from agentax.trace import read_metrics
 # A miniature of the demo: every stage runs, nothing is expected to learn.
 TINY = [
     "sft.steps=2", "sft.batch_size=8", "sft.num_demos=32", "run.steps=1",
-    "env.num_train_tasks=64", "env.num_eval_tasks=4",
+    "tasks.num_train=64", "tasks.num_eval=4",
     "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=8",
     "pipeline.filters=[]",  # an untrained policy gets 0 everywhere: keep its groups
     "engine.max_slots=8", "eval.max_concurrency=8", "eval.samples=1",
@@ -44,7 +44,7 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     phases = [r.get("phase") for r in records]
     assert phases.count("rl") == 1 and "eval_before" in phases and "eval_after" in phases
     rl = next(r for r in records if r.get("phase") == "rl")
-    for key in ("success", "tool_rate", "reward", "staleness", "traj_per_s", "loss"):
+    for key in ("success", "tool_use", "reward", "turns", "staleness", "traj_per_s", "loss"):
         assert key in rl
     summary = json.loads((run / "summary.json").read_text())
     assert summary["rl_steps"] == 1 and "doctor" in summary

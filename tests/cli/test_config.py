@@ -61,10 +61,14 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     (["engine.max_seq_len=100"], "holds the whole episode", "engine.max_seq_len"),
     (["trainer.max_seq_len=64", "trainer.min_seq_bucket=64"], "would be cut",
      "trainer.max_seq_len=150"),
-    (["env.task=math"], "JSONL", "env.train_file=PATH"),
+    (["tasks.factory=null"], "no tasks", "tasks.train_file=PATH"),
+    (["tasks.train_file=x.jsonl"], "both set", "tasks.factory=null"),
+    (["env.factory=agentax.envs:TaskEnvironment"], "belong to the calculator demo",
+     "name your agent and tasks"),
+    (["env.factory=agentax.envs:TaskEnvironment", "agent.factory=agentax.agents:ModelAgent",
+      "tasks.factory=null", "tasks.train_file=x.jsonl"], "needs demonstrations", "sft.steps=0"),
     (["model.vocab_size=1000"], "byte tokenizer", "model.vocab_size=272"),
-    (["collector.max_turns=2"], "collector would cut", "collector.max_turns=3"),
-    (["sft.schedule=linear"], "sft.schedule must be 'cosine' or 'constant'", ""),
+    (["sft.schedule=linear"], "choose one of 'cosine', 'constant'", ""),
 ])
 def test_invalid_combinations_give_reason_and_fix(overrides, reason, fix):
     with pytest.raises(ConfigError) as err:
@@ -126,3 +130,110 @@ def test_every_config_field_is_documented(cls):
 def test_committed_reference_matches_the_dataclasses():
     assert DOC.read_text() == config_reference(), (
         "docs/config.md is stale: regenerate with `agentax config --reference > docs/config.md`")
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def test_run_seed_derives_the_pipeline_and_trainer_seeds_unless_set():
+    cfg = load_config(None, ["run.seed=7"])
+    assert (cfg.run.seed, cfg.pipeline.seed, cfg.trainer.seed) == (7, 7, 7)
+    explicit = load_config(None, ["run.seed=7", "pipeline.seed=3"])
+    assert (explicit.pipeline.seed, explicit.trainer.seed) == (3, 7)
+    default = load_config(None, [])
+    assert (default.pipeline.seed, default.trainer.seed) == (0, 0)
+
+
+def test_run_seed_from_yaml_derives_too_and_the_resolved_yaml_keeps_it(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("run:\n  seed: 5\n")
+    cfg = load_config(path)
+    assert (cfg.pipeline.seed, cfg.trainer.seed) == (5, 5)
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_config(cfg))
+    assert load_config(again) == cfg
+
+
+# ----------------------------------------------------------------------------- user code
+
+
+def test_swapping_a_factory_drops_the_old_factorys_kwargs(tmp_path):
+    path = tmp_path / "k.yaml"
+    path.write_text("tasks:\n  kwargs: {max_digits: 3}\n")
+    assert load_config(path).tasks.kwargs == {"max_digits": 3}
+    assert load_config(path, ["tasks.factory=a.b:c"]).tasks.kwargs == {}
+    same = load_config(path, ["tasks.factory=a.b:c", "tasks.kwargs={n: 1}"])
+    assert same.tasks.kwargs == {"n": 1}
+
+
+def test_run_imports_register_a_user_estimator_before_the_check(tmp_path, monkeypatch):
+    (tmp_path / "my_estimators.py").write_text(
+        "from agentax import algos\n"
+        "def sign(*, rewards_b, loss_mask_bt, **_):\n"
+        "    import jax.numpy as jnp\n"
+        "    m = jnp.asarray(loss_mask_bt, jnp.float32)\n"
+        "    return jnp.sign(rewards_b - 0.5)[:, None] * m, m\n"
+        "algos.register_advantage('sign_test', sign, group_based=False, needs_values=False)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown advantage estimator 'sign_test'"):
+        load_config(None, ["trainer.advantage=sign_test"])
+    cfg = load_config(None, ["run.imports=[my_estimators]", "trainer.advantage=sign_test"])
+    assert cfg.trainer.advantage == "sign_test" and not cfg.trainer.uses_value_head
+    with pytest.raises(ConfigError, match="run.imports: cannot import 'no_such_mod'"):
+        load_config(None, ["run.imports=[no_such_mod]"])
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    import json
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "a"}) for i in range(4)))
+    return path
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("env.factory=agentax.envs.TaskEnvironment", "must name a callable as 'package.module:function'"),
+    ("env.factory=no_such_pkg.mod:make", "env.factory: cannot import module 'no_such_pkg.mod'"),
+    ("env.factory=agentax.envs:NoSuchEnv", "has no attribute 'NoSuchEnv'"),
+    ("env.factory=agentax.envs:__doc__", "not a callable"),
+    ("env.factory=agentax.agents:ModelAgent", "expected an agentax.envs.Environment"),
+    ("agent.factory=agentax.recipes.calculator:make_env", "expected an agentax.agents.Agent"),
+    ("env.kwargs={bogus: 1}", "failed when called with env.kwargs"),
+    ("agent.kwargs={bogus: 1}", "failed when called with agent.kwargs"),
+    ("env.reward=math_verifi", "Did you mean 'math_verify'"),
+    ("sft.demos=agentax.recipes:nope", "has no attribute 'nope'"),
+    ("tasks.factory=agentax.recipes.calculator:demos", "tasks.factory"),
+])
+def test_bad_user_code_fails_in_one_line_before_any_model(override, needle, task_file):
+    from agentax.cli._build import build_suite_for
+
+    own = ["agent.factory=agentax.agents:ModelAgent", "tasks.factory=null",
+           f"tasks.train_file={task_file}", "tasks.num_eval=1", "sft.steps=0"]
+    with pytest.raises(ConfigError) as err:
+        build_suite_for(load_config(None, [*own, override]))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tasks_from_jsonl_and_parquet(tmp_path):
+    import json
+
+    from agentax.cli._build import build_suite_for
+
+    rows = [{"question": f"q{i}", "answer": f"x\n#### {i}", "level": i % 2} for i in range(6)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    base = ["env.factory=agentax.envs:TaskEnvironment", "env.kwargs={reward_fn: exact_match}",
+            "agent.factory=agentax.agents:ModelAgent", "tasks.factory=null", "sft.steps=0",
+            "tasks.num_eval=2"]
+    suite = build_suite_for(load_config(None, [*base, f"tasks.train_file={path}"]))
+    assert [t.prompt for t in suite.train_tasks] == ["q0", "q1", "q2", "q3"]
+    assert [t.answer for t in suite.eval_tasks] == ["4", "5"]
+    assert suite.eval_tasks[1].meta == {"level": 1}
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    ppath = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), ppath)
+    again = build_suite_for(load_config(None, [*base, f"tasks.train_file={ppath}"]))
+    assert again.train_tasks == suite.train_tasks and again.eval_tasks == suite.eval_tasks

@@ -14,13 +14,13 @@ from agentax.cli._runner import run_train
 
 def test_shortened_demo_improves_held_out_success(tmp_path):
     cfg = load_config(None, [f"run.runs_dir={tmp_path}", "run.name=demo", "run.steps=16",
-                             "env.num_eval_tasks=48", "tracing.console=false"])
+                             "tasks.num_eval=48", "tracing.console=false"])
     (tmp_path / "demo").mkdir()
     summary = run_train(cfg, tmp_path / "demo", quiet=True)
     before, after = summary["eval_before"], summary["eval_after"]
     assert after["eval/sampled/success"] > before["eval/sampled/success"] + 0.1
     assert after["eval/greedy/success"] > before["eval/greedy/success"]
-    assert after["eval/greedy/tool_rate"] > before["eval/greedy/tool_rate"]
-    assert after["eval/sampled/tool_rate"] > before["eval/sampled/tool_rate"]
+    assert after["eval/greedy/tool_use"] > before["eval/greedy/tool_use"]
+    assert after["eval/sampled/tool_use"] > before["eval/sampled/tool_use"]
     saved = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert saved["rl_steps"] == 16 and (tmp_path / "demo" / "curves.png").stat().st_size > 0

@@ -92,15 +92,20 @@ def test_cancelling_a_request_frees_its_slot_for_a_waiting_one(engine):
     async def scenario():
         hogs = [asyncio.create_task(engine.generate([i + 1], long)) for i in range(CFG.max_slots)]
         while engine.stats().active_slots < CFG.max_slots:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.001)
+        engine.pause()  # the hogs stay in their slots (a paused engine still takes its inbox)
         waiter = asyncio.create_task(engine.generate([7], SamplingParams(max_tokens=2)))
         await asyncio.sleep(0.05)
         assert not waiter.done() and engine.stats().waiting_requests == 1
-        hogs[0].cancel()
+        hogs[0].cancel()  # handled before the next admission: the waiter takes its slot
+        await asyncio.sleep(0.05)
+        engine.resume()
         out = await asyncio.wait_for(waiter, timeout=60)
+        engine.pause()
         for h in hogs[1:]:
             h.cancel()
         await asyncio.gather(*hogs, return_exceptions=True)
+        engine.resume()
         await asyncio.sleep(0.2)
         return out
 
@@ -144,6 +149,34 @@ def test_a_failing_step_loop_fails_pending_requests_and_refuses_new_work(engine)
         run(engine.generate([1]))
 
 
+def test_a_model_that_cannot_run_fails_every_waiting_caller_at_once():
+    import jax
+
+    from agentax.models import ModelConfig, Transformer
+
+    from flax import nnx
+
+    broken = Transformer(ModelConfig.tiny(num_layers=1), rngs=nnx.Rngs(0))
+    broken.layers[0].mlp.act = "no_such_activation"  # the kernels fail while tracing
+    engine = Engine(broken, CFG)
+    try:
+        async def scenario():
+            calls = [engine.generate([1, 2, 3]) for _ in range(6)]
+            return await asyncio.wait_for(
+                asyncio.gather(*calls, return_exceptions=True), timeout=60)
+
+        results = run(scenario())
+        assert all(isinstance(r, EngineError) for r in results), results
+        assert "KeyError" in str(results[0]) and "no_such_activation" in str(results[0])
+        assert isinstance(results[0].__cause__, KeyError)
+        assert isinstance(engine.error, KeyError)
+        with pytest.raises(EngineError, match="no_such_activation"):
+            run(engine.generate([1]))
+    finally:
+        engine.shutdown()
+    del jax
+
+
 def test_200_random_requests_compile_a_handful_of_times(model):
     # A shape no other test uses, so this engine's compilations are its own.
     config = EngineConfig(max_slots=6, max_seq_len=80, prefill_chunk=32, decode_steps_per_call=4)
@@ -164,6 +197,7 @@ def test_200_random_requests_compile_a_handful_of_times(model):
         assert config.prefill_row_buckets == (1, 2, 4, 6)
         assert 2 <= engine.num_compiles <= shapes + 1
         assert engine.stats().completed == 200
+        assert engine.stats().compile_s > 0 and engine.stats().first_step_s > 0
 
 
 def test_prefill_budget_bounds_the_rows_of_one_call():
@@ -175,3 +209,19 @@ def test_prefill_budget_bounds_the_rows_of_one_call():
     assert EngineConfig(max_slots=4).token_budget == 4 * 128  # default: rows x chunk
     with pytest.raises(ValueError, match="max_prefill_rows"):
         EngineConfig(max_prefill_rows=-1)
+
+
+def test_compilation_cache_keeps_compiled_kernels_on_disk(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from agentax.engine import enable_compilation_cache\n"
+        f"enable_compilation_cache({str(tmp_path / 'jax')!r})\n"
+        "print(float(jax.jit(lambda x: (x * 3).sum())(jnp.ones(7))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "21.0"
+    assert any((tmp_path / "jax").iterdir())  # an entry a second run loads instead of compiling

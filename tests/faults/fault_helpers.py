@@ -19,7 +19,7 @@ import agentax
 SRC = Path(agentax.__file__).resolve().parents[1]
 
 TINY = (
-    "sft.steps=0", "env.num_train_tasks=64", "env.num_eval_tasks=2",
+    "sft.steps=0", "tasks.num_train=64", "tasks.num_eval=2",
     "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=4",
     "pipeline.filters=[]", "engine.max_slots=4", "eval.max_concurrency=4",
     "eval.greedy=false", "eval.samples=0", "tracing.console=false", "tracing.plots=false",
@@ -178,9 +178,9 @@ def bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("enum: pipeline.mode", ["train", "pipeline.mode=asynch"], "'sync', 'async'"),
         ("enum: model.dtype", ["train", "model.dtype=foo"], "'float32', 'bfloat16'"),
         ("enum: model.hidden_act", ["train", "model.hidden_act=foo"], "'silu'"),
-        ("enum: env.task", ["sft", "env.task=maths"], "'calculator'"),
+        ("enum: init.dtype", ["sft", "init.dtype=float64"], "'bfloat16'"),
         ("enum: trainer.off_policy", ["train", "trainer.off_policy=yes"], "'tis'"),
-        ("tool format", ["eval", "agent.tool_format=xml"], "hermes"),
+        ("unknown agent factory", ["eval", "agent.factory=no_such_pkg:make"], "no_such_pkg"),
         ("negative timeout", ["train", "collector.model_timeout_s=-1"], "must be > 0"),
         ("zero timeout", ["train", "collector.episode_timeout_s=0"], "must be > 0"),
         ("negative size", ["train", "collector.max_episode_tokens=-5"], "must be >= 0"),

@@ -8,7 +8,9 @@ import collections
 import numpy as np
 import pytest
 
-from agentax.recipes import build_suite, calculator_demos, calculator_reward, calculator_tasks
+from agentax.cli import load_config
+from agentax.cli._build import build_suite_for
+from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks
 from agentax.recipes._calculator import compact_calculator
 from agentax.recipes._render import _fast, render_examples
 from agentax.records import Action, Message, Task, ToolCall
@@ -27,7 +29,7 @@ def test_tasks_are_deterministic_distinct_and_correct():
 
 
 def test_suite_held_out_tasks_are_not_trained_on():
-    suite = build_suite("calculator", num_train_tasks=300, num_eval_tasks=40)
+    suite = build_suite_for(load_config(None, ["tasks.num_train=300", "tasks.num_eval=40"]))
     train = {t.prompt for t in suite.train_tasks}
     assert len(suite.eval_tasks) == 40 and not train & {t.prompt for t in suite.eval_tasks}
     demo_questions = {c[0].content for c in suite.demos(600, 1)}
@@ -84,7 +86,7 @@ def test_render_examples_falls_back_when_the_fast_path_would_differ():
 
 
 def test_suite_environment_runs_the_calculator_and_scores_answers():
-    suite = build_suite("calculator", num_train_tasks=10, num_eval_tasks=2, list_tools=False)
+    suite = build_suite_for(load_config(None, ["tasks.num_train=10", "tasks.num_eval=2"]))
     task = suite.eval_tasks[0]
 
     async def episode():
@@ -101,3 +103,4 @@ def test_suite_environment_runs_the_calculator_and_scores_answers():
     result, final = asyncio.run(episode())
     assert result.ok and result.content == task.answer
     assert final.done and final.reward == 1.0
+    assert final.info["metrics"] == {"tool_use": 1.0}  # the environment reports its own metric

@@ -9,7 +9,7 @@ import pytest
 
 from agentax.cli import dump_config, load_config, main
 from agentax.cli._build import resolve_config
-from agentax.recipes import RECIPES, load_math_jsonl, recipe_path
+from agentax.recipes import RECIPES, load_tasks, recipe_path
 from agentax.trace import TRACE_FILENAME, names, read_trace
 
 REAL = {"gsm8k_qwen2_5_0_5b": "qwen2", "math_tool_qwen3_0_6b": "qwen3",
@@ -19,7 +19,7 @@ REAL = {"gsm8k_qwen2_5_0_5b": "qwen2", "math_tool_qwen3_0_6b": "qwen3",
 def _shrink(ckpt, data):
     return [
         f"init.model_path={ckpt}", "init.dtype=float32", "trainer.compute_dtype=null",
-        f"env.train_file={data}", "env.eval_file=null", "env.num_eval_tasks=2",
+        f"tasks.train_file={data}", "tasks.eval_file=null", "tasks.num_eval=2",
         "engine.max_slots=4", "engine.max_seq_len=1100", "engine.prefill_chunk=512",
         "engine.min_prefill_bucket=512", "eval.max_concurrency=4", "eval.every=0",
         "pipeline.max_concurrency=4", "pipeline.group_size=2", "pipeline.groups_per_step=1",
@@ -29,7 +29,12 @@ def _shrink(ckpt, data):
     ]
 
 
-TASK_OF_RECIPE = {"calculator": "calculator", "gsm8k": "math", "math_tool": "math_tool"}
+ENV_OF_RECIPE = {  # recipe name prefix -> the environment factory it must name
+    "calculator": "agentax.recipes.calculator:make_env", "gsm8k": "agentax.envs:TaskEnvironment",
+    "math_tool": "agentax.recipes.math:make_tool_env", "math": "agentax.envs:TaskEnvironment",
+    "frozen_lake": "agentax.recipes.frozen_lake:make_env", "bash": "agentax.recipes.bash:make_env",
+    "swe_tiny": "agentax.recipes.swe_tiny:make_env",
+}
 
 
 def test_every_real_recipe_is_listed_and_loads(tmp_path):
@@ -37,8 +42,8 @@ def test_every_real_recipe_is_listed_and_loads(tmp_path):
     for name in RECIPES:
         cfg = load_config(recipe_path(name))
         # The name says the task; the YAML is a serialized RunConfig that round-trips exactly.
-        prefix = next(p for p in TASK_OF_RECIPE if name.startswith(p))
-        assert cfg.env.task == TASK_OF_RECIPE[prefix], name
+        prefix = max((p for p in ENV_OF_RECIPE if name.startswith(p)), key=len)
+        assert cfg.env.factory == ENV_OF_RECIPE[prefix], name
         (tmp_path / f"{name}.yaml").write_text(dump_config(cfg))
         assert load_config(tmp_path / f"{name}.yaml") == cfg, name
         if name in REAL:
@@ -52,7 +57,7 @@ def test_calculator_recipe_is_the_embedded_default():
 
 
 def test_gsm8k_jsonl_answers(math_jsonl):
-    tasks = load_math_jsonl(math_jsonl)
+    tasks = load_tasks(math_jsonl)
     assert [t.answer for t in tasks][:2] == ["7", "15"]
 
 

@@ -2,7 +2,8 @@
 
 Arrays in, arrays out; no state, no I/O. Token-level arrays are [B, T] with `loss_mask_bt`
 (1 on trained tokens), sequence-level [B], group-level [N, G]. Every loss returns
-`(scalar_loss, metrics)` with metrics a dict of scalar arrays. See docs/algorithms.md.
+`(scalar_loss, metrics)` with metrics a dict of scalar arrays. Advantage estimators live in an
+open registry (`register_advantage`). See docs/algorithms.md.
 """
 
 from agentax.algos._advantages import (
@@ -25,7 +26,14 @@ from agentax.algos._policy import (
     ppo_policy_loss,
     truncated_importance_weights,
 )
-from agentax.algos._registry import ADVANTAGE_ESTIMATORS, get_advantage_estimator
+from agentax.algos._registry import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageSpec,
+    advantage_names,
+    advantage_spec,
+    get_advantage_estimator,
+    register_advantage,
+)
 from agentax.algos._shaping import (
     check_finite_rewards,
     dynamic_sampling_keep_mask,
@@ -36,9 +44,12 @@ from agentax.algos._value import entropy_bonus, gather_logprobs, token_entropy, 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
+    "AdvantageSpec",
     "GROUP_ESTIMATORS",
     "KL_KINDS",
     "OFF_POLICY_MODES",
+    "advantage_names",
+    "advantage_spec",
     "aggregate_loss",
     "check_finite_rewards",
     "contiguous_group_ids",
@@ -59,6 +70,7 @@ __all__ = [
     "overlong_penalty",
     "place_sequence_reward",
     "ppo_policy_loss",
+    "register_advantage",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "token_entropy",

@@ -1,4 +1,9 @@
-"""Advantage-estimator registry: one keyword signature for every estimator.
+"""Advantage-estimator registry: one keyword signature for every estimator, open to users.
+
+`register_advantage(name, fn, *, group_based=..., needs_values=...)` adds an estimator; the
+built-ins (grpo, dr_grpo, rloo, reinforce_pp, gae) are registered the same way below. A
+trainer reads what an estimator needs from its `AdvantageSpec`: `needs_values` switches the
+value head on, `group_based` makes a run check that groups have more than one sample.
 
 Every registered estimator is called as
 
@@ -8,11 +13,13 @@ Every registered estimator is called as
 
 and returns token-level [B, T] arrays (0 on untrained tokens), so a trainer can switch
 estimators by name without changing its train step. `returns_bt` is the value-head target
-for "gae" and the reward-to-go (a diagnostic) for the critic-free estimators.
+for "gae" and the reward-to-go (a diagnostic) for the critic-free estimators. The call runs
+inside `jax.jit` (the estimator name and knobs are static), so an estimator must be traceable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Callable
 
@@ -86,26 +93,85 @@ def _gae(*, rewards_b, loss_mask_bt, group_ids_b=None, valid_b=None, values_bt=N
     return adv_bt, ret_bt
 
 
-_REGISTRY: dict[str, AdvantageEstimator] = {
-    "grpo": _group("grpo"),
-    "dr_grpo": _group("dr_grpo"),
-    "rloo": _group("rloo"),
-    "reinforce_pp": _reinforce_pp,
-    "gae": _gae,
-}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdvantageSpec:
+    """A registered estimator and what it needs from the trainer."""
+
+    name: str
+    fn: AdvantageEstimator
+    group_based: bool
+    """It compares the samples of a group (needs group_size >= 2 and sampled diversity)."""
+    needs_values: bool
+    """It reads value-head predictions (`values_bt`): the trainer adds and trains a value head."""
+
+
+_REGISTRY: dict[str, AdvantageSpec] = {}
+
+
+def register_advantage(name: str, fn: AdvantageEstimator, *, group_based: bool = False,
+                       needs_values: bool = False, replace: bool = False) -> AdvantageEstimator:
+    """Registers `fn` as the advantage estimator `name` (e.g. for `trainer.advantage=name`).
+
+    Args:
+      name: the registry name.
+      fn: called with the keyword signature in this module's docstring; returns
+        `(advantages_bt, returns_bt)`, token-level [B, T], 0 on untrained tokens. It runs under
+        `jax.jit`.
+      group_based: True if it compares samples within a group (GRPO-like).
+      needs_values: True if it uses value-head predictions (GAE-like); the trainer then adds a
+        value head and trains it on `returns_bt`.
+      replace: allow replacing an existing name (otherwise that is an error).
+    Returns:
+      `fn` (so it can be used as a decorator body).
+    Raises:
+      ValueError: the name is taken (and not `replace`), or `fn` is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"advantage estimator name must be a non-empty string, got {name!r}")
+    if not callable(fn):
+        raise ValueError(f"advantage estimator {name!r} must be callable, got {type(fn).__name__}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"advantage estimator {name!r} is already registered; pass replace=True "
+                         "to override it")
+    _REGISTRY[name] = AdvantageSpec(name=name, fn=fn, group_based=bool(group_based),
+                                    needs_values=bool(needs_values))
+    return fn
+
+
+for _kind in ("grpo", "dr_grpo", "rloo"):
+    register_advantage(_kind, _group(_kind), group_based=True)
+register_advantage("reinforce_pp", _reinforce_pp)
+register_advantage("gae", _gae, needs_values=True)
+
 ADVANTAGE_ESTIMATORS = tuple(_REGISTRY)
+"""The built-in estimator names (`advantage_names()` also lists user-registered ones)."""
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered under `name` (one of ADVANTAGE_ESTIMATORS).
+def advantage_names() -> tuple[str, ...]:
+    """Every registered estimator name, built-in and user-registered."""
+    return tuple(_REGISTRY)
 
-    Knobs forwarded as keyword arguments: grpo (eps, std_ddof), dr_grpo / rloo (none),
-    reinforce_pp (gamma, eps), gae (gamma, lam, bootstrap_value_b, whiten).
+
+def advantage_spec(name: str) -> AdvantageSpec:
+    """The `AdvantageSpec` registered under `name`.
+
+    Raises:
+      ValueError: no estimator has that name (the message names the nearest and the choices).
     """
     try:
         return _REGISTRY[name]
     except KeyError:
-        near = difflib.get_close_matches(str(name), ADVANTAGE_ESTIMATORS, n=1)
+        names = advantage_names()
+        near = difflib.get_close_matches(str(name), names, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ValueError(f"unknown advantage estimator {name!r}{hint} "
-                         f"(choose one of {', '.join(ADVANTAGE_ESTIMATORS)})") from None
+        raise ValueError(f"unknown advantage estimator {name!r}{hint} (choose one of "
+                         f"{', '.join(names)}, or register_advantage() your own)") from None
+
+
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator function registered under `name`.
+
+    Knobs forwarded as keyword arguments: grpo (eps, std_ddof), dr_grpo / rloo (none),
+    reinforce_pp (gamma, eps), gae (gamma, lam, bootstrap_value_b, whiten).
+    """
+    return advantage_spec(name).fn

@@ -2,8 +2,8 @@
 
 * `main(argv)` — `agentax train | sft | eval | doctor | export | config`.
 * `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
-  `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own configs),
-  `load_config(path, overrides)`, `parse_overrides`, `dump_config`.
+  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own
+  configs), `load_config(path, overrides)`, `parse_overrides`, `dump_config`.
 * `config_reference()` — the Markdown of docs/config.md, generated from the dataclasses.
 """
 
@@ -15,6 +15,7 @@ from agentax.cli._config import (
     RunConfig,
     RunSection,
     SFTConfig,
+    TasksConfig,
     TracingConfig,
     dump_config,
     load_config,
@@ -31,6 +32,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "SFTConfig",
+    "TasksConfig",
     "TracingConfig",
     "config_reference",
     "dump_config",

@@ -1,8 +1,17 @@
-"""Builds the live pieces of a run from a `RunConfig`: tokenizer, model, task suite, engine."""
+"""Builds the live pieces of a run from a `RunConfig`: tokenizer, model, task suite, engine.
+
+`build_suite_for` resolves the user code the config names (environment, agent, tasks,
+demonstrations, reward), calls each factory once and checks what it returns, so that a wrong
+path or a factory of the wrong type fails in a second with one line, before any compilation.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +19,12 @@ from flax import nnx
 
 from agentax.cli._config import DEMO_MODEL, RunConfig
 from agentax.config import ConfigError, replace
-from agentax.engine import Engine
+from agentax.engine import Engine, enable_compilation_cache
 from agentax.models import ModelConfig, Transformer, load_pretrained, read_hf_config
-from agentax.recipes import TaskSuite, build_suite
+from agentax.records import Message, Task
 from agentax.text import load_tokenizer
 
-__all__ = ["build_engine", "build_model", "build_suite_for", "build_tokenizer",
+__all__ = ["TaskSuite", "build_engine", "build_model", "build_suite_for", "build_tokenizer",
            "load_run_model", "resolve_config"]
 
 _DTYPE_FIELDS = ("dtype", "param_dtype")
@@ -86,7 +95,14 @@ def load_run_model(run_dir: str | Path, cfg: RunConfig) -> Transformer:
 
 
 def build_model(cfg: RunConfig) -> Transformer:
-    """The starting policy: a checkpoint (init.model_path / init.from_run) or a fresh model."""
+    """The starting policy: a checkpoint (init.model_path / init.from_run) or a fresh model.
+
+    Also switches on JAX's persistent compilation cache (`$AGENTAX_COMPILATION_CACHE`, default
+    ~/.cache/agentax/jax; empty = off), so a second run or a resume does not recompile.
+    """
+    cache_dir = os.environ.get("AGENTAX_COMPILATION_CACHE", "~/.cache/agentax/jax")
+    if cache_dir:
+        enable_compilation_cache(cache_dir)
     if cfg.init.model_path is not None:
         return load_pretrained(cfg.init.model_path, dtype=cfg.init.dtype)
     if cfg.init.from_run is not None:
@@ -96,13 +112,151 @@ def build_model(cfg: RunConfig) -> Transformer:
     return Transformer(cfg.model, rngs=nnx.Rngs(cfg.run.seed))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSuite:
+    """What a run needs from "the task": tasks, per-episode factories, reward, demonstrations."""
+
+    name: str
+    """The environment factory's path (for the summary)."""
+    train_tasks: tuple[Task, ...]
+    eval_tasks: tuple[Task, ...]
+    make_env: Callable[[], Any]
+    """A fresh environment for one episode."""
+    make_agent: Callable[[], Any]
+    """A fresh agent for one episode."""
+    reward_fn: Callable[..., Any] | None = None
+    """Extra reward on the final answer (env.reward), computed by the collector."""
+    demos: Callable[[int, int], list[list[Message]]] | None = None
+    """`demos(n, seed)` -> n demonstration conversations, or None."""
+    tools: tuple[dict[str, Any], ...] = ()
+    """Tool schemas the agent lists in its prompt (SFT renders demonstrations with them)."""
+
+
+def _factory(path: str, kwargs: Any, field: str, check: Callable[[Any], str | None]):
+    """A zero-argument factory for `path(**kwargs)`, called once here and type-checked."""
+    from agentax.cli._imports import resolve_callable
+
+    fn = resolve_callable(path, field=f"{field}.factory")
+    kwargs = dict(kwargs)
+
+    def make() -> Any:
+        return fn(**kwargs)
+
+    try:
+        probe = make()
+    except Exception as e:  # noqa: BLE001 - the user's factory failed: say where
+        raise ConfigError(f"{field}.factory={path} failed when called with {field}.kwargs="
+                          f"{kwargs}: {type(e).__name__}: {e}") from None
+    problem = check(probe)
+    if problem:
+        raise ConfigError(f"{field}.factory={path} returned {type(probe).__name__}; {problem}")
+    return make, probe
+
+
+def _env_problem(env: Any) -> str | None:
+    from agentax.envs import Environment
+
+    if isinstance(env, Environment):
+        return None
+    if all(callable(getattr(env, m, None)) for m in ("reset", "step")):
+        return None
+    return "expected an agentax.envs.Environment (or an object with reset(task) and step(action))"
+
+
+def _agent_problem(agent: Any) -> str | None:
+    from agentax.agents import Agent
+
+    return None if isinstance(agent, Agent) else "expected an agentax.agents.Agent"
+
+
+def _close(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if close is None:
+        return
+    try:
+        out = close()
+        if asyncio.iscoroutine(out):
+            asyncio.run(out)
+    except Exception:  # noqa: BLE001 - the probe is discarded either way
+        pass
+
+
+def _task_list(value: Any, what: str) -> tuple[Task, ...]:
+    if not isinstance(value, Sequence) or not all(isinstance(t, Task) for t in value):
+        raise ConfigError(f"tasks.factory returned {what} that is not a sequence of agentax Task")
+    return tuple(value)
+
+
+def _load_tasks(cfg: RunConfig) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
+    from agentax.cli._imports import resolve_callable
+    from agentax.recipes import load_tasks
+
+    t = cfg.tasks
+    if t.factory:
+        fn = resolve_callable(t.factory, field="tasks.factory")
+        try:
+            out = fn(num_train=t.num_train, num_eval=t.num_eval, seed=cfg.run.seed, **t.kwargs)
+        except Exception as e:  # noqa: BLE001 - the user's factory failed: say where
+            raise ConfigError(f"tasks.factory={t.factory} failed: {type(e).__name__}: {e}") from None
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ConfigError(f"tasks.factory={t.factory} must return (train_tasks, eval_tasks), "
+                              f"got {type(out).__name__}")
+        train, held = _task_list(out[0], "train tasks"), _task_list(out[1], "eval tasks")
+    else:
+        rows = load_tasks(t.train_file, prefix="train")  # type: ignore[arg-type]
+        if t.eval_file:
+            held = tuple(load_tasks(t.eval_file, limit=t.num_eval, prefix="eval"))
+            train = tuple(rows)
+        else:
+            if len(rows) <= t.num_eval:
+                raise ConfigError(f"{t.train_file} has {len(rows)} tasks, not more than "
+                                  f"tasks.num_eval={t.num_eval}: give tasks.eval_file or lower it")
+            cut = len(rows) - t.num_eval
+            train, held = tuple(rows[:cut]), tuple(rows[cut:])
+        if t.num_train:
+            train = train[:t.num_train]
+    if not train:
+        raise ConfigError("no training tasks: raise tasks.num_train or check tasks.train_file")
+    return train, held
+
+
+def _reward(name: str) -> Callable[..., Any] | None:
+    from agentax.cli._imports import is_import_path, resolve_callable
+    from agentax.rewards import get_reward
+
+    if not name:
+        return None
+    if is_import_path(name):
+        return resolve_callable(name, field="env.reward")
+    try:
+        return get_reward(name)
+    except KeyError as e:
+        raise ConfigError(f"env.reward: {e.args[0]}") from None
+
+
 def build_suite_for(cfg: RunConfig) -> TaskSuite:
-    e, a = cfg.env, cfg.agent
-    return build_suite(
-        e.task, seed=cfg.run.seed, num_train_tasks=e.num_train_tasks,
-        num_eval_tasks=e.num_eval_tasks, max_digits=e.max_digits, max_steps=e.max_steps,
-        train_file=e.train_file, eval_file=e.eval_file, reward=e.reward,
-        system_prompt=a.system_prompt, tool_format=a.tool_format, list_tools=a.list_tools)
+    """Resolves and checks the config's environment, agent, tasks, reward and demonstrations.
+
+    Raises:
+      ConfigError: a path does not resolve, a factory fails or returns the wrong type.
+    """
+    from agentax.cli._imports import resolve_callable
+    from agentax.recipes import load_demos_jsonl
+
+    make_env, env = _factory(cfg.env.factory, cfg.env.kwargs, "env", _env_problem)
+    _close(env)
+    make_agent, agent = _factory(cfg.agent.factory, cfg.agent.kwargs, "agent", _agent_problem)
+    train, held = _load_tasks(cfg)
+    demos = None
+    if cfg.sft.data:
+        data = cfg.sft.data
+        demos = lambda n, seed: load_demos_jsonl(data)  # noqa: E731
+    elif cfg.sft.demos:
+        demo_fn = resolve_callable(cfg.sft.demos, field="sft.demos")
+        demos = lambda n, seed: demo_fn(train, n, seed)  # noqa: E731
+    return TaskSuite(name=cfg.env.factory, train_tasks=train, eval_tasks=held,
+                     make_env=make_env, make_agent=make_agent, reward_fn=_reward(cfg.env.reward),
+                     demos=demos, tools=tuple(agent.tools or ()))
 
 
 def build_engine(cfg: RunConfig, model: Transformer, tokenizer: Any, *, version: int = 0) -> Engine:

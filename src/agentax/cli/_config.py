@@ -2,12 +2,14 @@
 
 A run is described by one frozen dataclass whose sections reuse the library's own configs
 (`ModelConfig`, `EngineConfig`, `SamplingParams`, `CollectorConfig`, `TrainerConfig`,
-`PipelineConfig`) plus a few small sections defined here (run, init, env, agent, sft, eval,
-tracing). The RL algorithm (advantage estimator, policy loss, clipping, KL, off-policy
+`PipelineConfig`) plus a few small sections defined here (run, init, env, agent, tasks, sft,
+eval, tracing). The environment, agent, tasks, demonstrations and reward are named by import
+path ('package.module:callable'), so any user code plugs in; see agentax.cli._imports. The RL algorithm (advantage estimator, policy loss, clipping, KL, off-policy
 correction) lives in `trainer`, next to the step that uses it, so it has one source of truth.
 
 Precedence: the defaults (the embedded CPU demo) < a YAML file < `section.field=value`
-overrides from the command line. YAML is only the serialised dataclass
+overrides from the command line. `run.seed` is the root seed: unless pipeline.seed or
+trainer.seed is given explicitly, the loader sets both from it. YAML is only the serialised dataclass
 (`agentax.config.from_dict` / `to_dict`): an unknown key is an error naming the nearest valid
 key, and combinations that cannot work are rejected with the reason and the fix.
 """
@@ -39,7 +41,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "SFTConfig",
-    "TASKS",
+    "TasksConfig",
     "TracingConfig",
     "apply_overrides",
     "dump_config",
@@ -47,10 +49,6 @@ __all__ = [
     "parse_overrides",
     "validate",
 ]
-
-TASKS = ("calculator", "math", "math_tool")
-"""Environments `env.task` can name (see agentax.recipes)."""
-
 
 @_frozen
 class RunSection:
@@ -65,7 +63,11 @@ class RunSection:
     checkpoint_every: int = 0
     """Save a trainer checkpoint every k RL steps; 0 = only at the end."""
     seed: int = 0
-    """Seed of model init, task generation and sampling (derived per component)."""
+    """The root seed: model init, tasks, demonstrations, evaluation, and (unless set
+    explicitly) pipeline.seed (RL sampling) and trainer.seed (trainer RNG) all derive from it."""
+    imports: tuple[str, ...] = ()
+    """Modules to import before the config is checked, for what they register
+    (agentax.algos.register_advantage, agentax.rewards.register_reward)."""
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -74,7 +76,6 @@ class RunSection:
             raise ConfigError(f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"run.name {self.name!r} must be a plain folder name (no '/')")
-
 
 @_frozen
 class InitConfig:
@@ -95,56 +96,95 @@ class InitConfig:
     def tokenizer_source(self) -> str:
         return self.tokenizer or self.model_path or "byte"
 
+DEMO_ENV = "agentax.recipes.calculator:make_env"
+DEMO_AGENT = "agentax.recipes.calculator:make_agent"
+DEMO_TASKS = "agentax.recipes.calculator:tasks"
+DEMO_DEMOS = "agentax.recipes.calculator:demos"
+
+def _check_path(field: str, value: str | None) -> None:
+    from agentax.cli._imports import is_import_path
+
+    if value and not is_import_path(value):
+        raise ConfigError(f"{field}={value!r} must name a callable as 'package.module:function' "
+                          "(e.g. agentax.envs:TaskEnvironment)")
 
 @_frozen
 class EnvConfig:
-    """The environment and its tasks."""
+    """The environment: any callable that returns an `agentax.envs.Environment`."""
 
-    task: Literal["calculator", "math", "math_tool"] = "calculator"
-    """'calculator': built-in arithmetic with a calculator tool (generated, nothing to
-    download). 'math': one-turn math word problems (GSM8K-style JSONL) scored by math_verify.
-    'math_tool': the same problems, multi-turn, with the calculator tool."""
-    train_file: str | None = None
-    """JSONL of training problems for 'math' / 'math_tool': one {"question", "answer"} object
-    a line (GSM8K's '#### 42' answers are understood)."""
-    eval_file: str | None = None
-    """JSONL of held-out problems (same format); None = the last num_eval_tasks of train_file."""
-    num_train_tasks: int = 16000
-    """Training tasks (generated ones for 'calculator'; a cap on the file otherwise, 0 = all)."""
-    num_eval_tasks: int = 64
-    """Held-out evaluation tasks, disjoint from the training tasks."""
-    max_digits: int = 2
-    """'calculator': largest operand width."""
-    max_steps: int = 3
-    """Agent turns per episode before the environment ends it."""
+    factory: str = DEMO_ENV
+    """'package.module:callable' called as factory(**kwargs) once per episode; it must return
+    an agentax Environment (or an object with reset(task) / step(action)). Default: the
+    embedded calculator demo's ToolEnvironment."""
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of env.factory (e.g. {max_steps: 8} for the built-in environments)."""
     reward: str = ""
-    """Reward name from agentax.rewards; empty = the task's own (exact number / math_verify)."""
+    """Extra reward on the episode's final answer, added to the environment's own: a name
+    registered with agentax.rewards.register_reward (e.g. math_verify) or
+    'package.module:callable' (task, answer) -> float; empty = only the environment's."""
 
     def __post_init__(self) -> None:
-        if self.num_train_tasks < 0 or self.num_eval_tasks < 0:
-            raise ConfigError("env.num_train_tasks and env.num_eval_tasks must be >= 0")
-        if self.max_digits < 2 or self.max_digits > 4:
-            raise ConfigError(f"env.max_digits must be 2..4, got {self.max_digits}")
-        if self.max_steps < 1:
-            raise ConfigError(f"env.max_steps must be >= 1, got {self.max_steps}")
-
+        if not self.factory:
+            raise ConfigError("env.factory is empty: name a callable that returns an Environment")
+        _check_path("env.factory", self.factory)
 
 @_frozen
 class AgentConfig:
-    """How the agent prompts the model and reads its replies."""
+    """The agent: any callable that returns an `agentax.agents.Agent`."""
 
-    system_prompt: str | None = None
-    """System message; None = the task's default, '' = no system message."""
-    tool_format: str = "hermes"
-    """Tool-call syntax: 'hermes' (Qwen, the byte template) or 'llama3'."""
-    list_tools: bool = True
-    """List the tool schemas in the prompt (the chat template's tool section). The tiny demo
-    turns it off to keep byte-level prompts short; real models need it on."""
+    factory: str = DEMO_AGENT
+    """'package.module:callable' called as factory(**kwargs) once per episode; it must return
+    an agentax Agent (e.g. agentax.agents:ModelAgent, agentax.agents:FrozenLakeAgent)."""
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of agent.factory (e.g. {system_prompt: "..."})."""
 
+    def __post_init__(self) -> None:
+        if not self.factory:
+            raise ConfigError("agent.factory is empty: name a callable that returns an Agent")
+        _check_path("agent.factory", self.factory)
+
+@_frozen
+class TasksConfig:
+    """Training and held-out tasks: from files or from a factory."""
+
+    factory: str | None = DEMO_TASKS
+    """'package.module:callable' called as factory(num_train=, num_eval=, seed=, **kwargs) ->
+    (train_tasks, eval_tasks), two sequences of agentax Task, disjoint. Set it to null to read
+    tasks from train_file instead. Default: the calculator demo's generated questions."""
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of tasks.factory."""
+    train_file: str | None = None
+    """JSONL (or Parquet, with pyarrow) of training tasks, one object a row: 'prompt' (or
+    'question' / 'problem'), 'answer' (GSM8K's '#### 42' is understood), optional 'id' and
+    'meta'; other columns go to Task.meta. Needs tasks.factory=null."""
+    eval_file: str | None = None
+    """Held-out tasks, same format; None = the last num_eval rows of train_file."""
+    num_train: int = 16000
+    """Training tasks (generated by the factory; a cap on the file, 0 = all of it)."""
+    num_eval: int = 64
+    """Held-out evaluation tasks, disjoint from the training tasks."""
+
+    def __post_init__(self) -> None:
+        _check_path("tasks.factory", self.factory)
+        if self.num_train < 0 or self.num_eval < 0:
+            raise ConfigError("tasks.num_train and tasks.num_eval must be >= 0")
+        if self.factory and (self.train_file or self.eval_file):
+            raise ConfigError(
+                f"tasks.factory={self.factory!r} and tasks.train_file/eval_file are both set: "
+                "keep one (set tasks.factory=null to read tasks from files)")
+        if not self.factory and not self.train_file:
+            raise ConfigError("no tasks: set tasks.train_file=PATH (JSONL) or "
+                              "tasks.factory='package.module:callable'")
 
 @_frozen
 class SFTConfig:
-    """Supervised warm start on demonstrations before RL (`agentax sft`, or in `train`)."""
+    """Supervised warm start on demonstrations before RL (`agentax sft`, or in `train`).
+
+    The learning rate, warmup, schedule and batch shape here are SFT's own, deliberately apart
+    from the RL ones in `trainer` (a warm start wants a rate 10-100x higher); every other
+    optimizer knob (betas, weight decay, clipping, min_lr_ratio, sequence buckets, dtype) is
+    shared from `trainer`.
+    """
 
     steps: int = 0
     """SFT optimizer steps; 0 = no warm start."""
@@ -154,9 +194,9 @@ class SFTConfig:
     """Peak learning rate (linear warmup, then the `schedule`)."""
     warmup_steps: int = 20
     """Linear warmup steps."""
-    schedule: str = "cosine"
+    schedule: Literal["cosine", "constant"] = "cosine"
     """After warmup: 'cosine' (decay over the remaining steps to trainer.min_lr_ratio of the
-    peak) or 'constant'."""
+    peak; the floor is shared with RL) or 'constant'."""
     micro_batch_size: int = 16
     """Rows per micro-batch."""
     pack: bool = True
@@ -164,7 +204,11 @@ class SFTConfig:
     pack_length: int = 256
     """Row length when packing."""
     num_demos: int = 2000
-    """Demonstrations generated by the task (the 'calculator' task's sloppy demonstrator)."""
+    """Demonstrations to generate with sft.demos."""
+    demos: str | None = DEMO_DEMOS
+    """'package.module:callable' called as demos(train_tasks, n, seed) -> n conversations
+    (lists of agentax Message) from the training tasks; default: the calculator demo's sloppy
+    demonstrator. Ignored when sft.data is set."""
     data: str | None = None
     """JSONL of chat demonstrations ({"messages": [...]} a line) instead of generated ones."""
 
@@ -173,9 +217,9 @@ class SFTConfig:
             raise ConfigError("sft.steps must be >= 0 and sft.batch_size, sft.micro_batch_size >= 1")
         if self.learning_rate <= 0:
             raise ConfigError(f"sft.learning_rate must be > 0, got {self.learning_rate}")
+        _check_path("sft.demos", self.demos)
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"sft.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
-
 
 @_frozen
 class EvalConfig:
@@ -194,7 +238,6 @@ class EvalConfig:
         if self.samples < 0 or self.every < 0 or self.max_concurrency < 1:
             raise ConfigError("eval.samples and eval.every must be >= 0, eval.max_concurrency >= 1")
 
-
 @_frozen
 class TracingConfig:
     """What the run records and shows."""
@@ -210,7 +253,6 @@ class TracingConfig:
     doctor: bool = True
     """Print the doctor's summary at the end of `train`."""
 
-
 # ----------------------------------------------------------------------------- the demo defaults
 
 DEMO_MODEL = ModelConfig.tiny(
@@ -218,21 +260,17 @@ DEMO_MODEL = ModelConfig.tiny(
 )
 """The embedded demo's model: a ~0.3M-parameter Qwen3-layout transformer on the byte vocabulary."""
 
-
 def _demo_engine() -> EngineConfig:
     # One chunk shape (prompts and continuations are ~20-30 tokens): fewer kernels to compile.
     return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=32, min_prefill_bucket=32,
                         decode_steps_per_call=8)
 
-
 def _demo_sampling() -> SamplingParams:
     return SamplingParams(temperature=1.0, max_tokens=64)
-
 
 def _demo_collector() -> CollectorConfig:
     return CollectorConfig(max_turns=3, max_episode_tokens=150, model_timeout_s=120.0,
                            episode_timeout_s=300.0)
-
 
 def _demo_trainer() -> TrainerConfig:
     # 1e-3 with Adam (whose steps do not shrink with the tiny RL gradients) unlearned the SFT
@@ -241,11 +279,9 @@ def _demo_trainer() -> TrainerConfig:
                          min_seq_bucket=160, seq_bucket_multiple=32, off_policy="tis",
                          is_cap=2.0)
 
-
 def _demo_pipeline() -> PipelineConfig:
     return PipelineConfig(mode="async", max_staleness=1, group_size=8, groups_per_step=4,
                           max_concurrency=32)
-
 
 @_frozen
 class RunConfig:
@@ -260,10 +296,11 @@ class RunConfig:
     engine: EngineConfig = dataclasses.field(default_factory=_demo_engine)
     """The continuous-batching generation engine (agentax.engine.EngineConfig)."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
-    """Environment and tasks."""
-    agent: AgentConfig = dataclasses.field(
-        default_factory=lambda: AgentConfig(system_prompt="", list_tools=False))
-    """Prompting and reply parsing."""
+    """The environment (a factory, its arguments, an extra reward)."""
+    agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
+    """The agent (a factory and its arguments)."""
+    tasks: TasksConfig = dataclasses.field(default_factory=TasksConfig)
+    """Training and held-out tasks."""
     sampling: SamplingParams = dataclasses.field(default_factory=_demo_sampling)
     """Sampling of every training model call (the seed is set per episode)."""
     collector: CollectorConfig = dataclasses.field(default_factory=_demo_collector)
@@ -284,9 +321,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         validate(self)
 
-
 # ----------------------------------------------------------------------------- validation
-
 
 def validate(cfg: RunConfig) -> None:
     """Rejects combinations that cannot work, saying why and what to change.
@@ -299,18 +334,13 @@ def validate(cfg: RunConfig) -> None:
     if e.cache_dtype not in (None, "float32", "bfloat16", "float16"):
         raise ConfigError(f"engine.cache_dtype: {e.cache_dtype!r} is not allowed; choose one of "
                           "'float32', 'bfloat16', 'float16' or null (the model's dtype)")
-    try:
-        from agentax.text import get_tool_parser
-
-        get_tool_parser(cfg.agent.tool_format)
-    except ValueError as err:
-        raise ConfigError(f"agent.tool_format: {err}") from None
-    if t.advantage in algos.GROUP_ESTIMATORS and p.group_size < 2:
+    group_based = algos.advantage_spec(t.advantage).group_based
+    if group_based and p.group_size < 2:
         raise ConfigError(
             f"trainer.advantage={t.advantage!r} compares samples within a group, so "
             f"pipeline.group_size={p.group_size} gives every sample zero advantage: set "
             "pipeline.group_size>=2 (e.g. 8), or use trainer.advantage=reinforce_pp")
-    if t.advantage in algos.GROUP_ESTIMATORS and cfg.sampling.temperature == 0:
+    if group_based and cfg.sampling.temperature == 0:
         raise ConfigError(
             "sampling.temperature=0 makes all samples of a group identical (zero advantage "
             f"for {t.advantage!r}): set sampling.temperature>0 (e.g. 1.0)")
@@ -334,11 +364,6 @@ def validate(cfg: RunConfig) -> None:
             f"trainer.max_seq_len={t.max_seq_len} is shorter than an episode may be "
             f"(collector.max_episode_tokens={c.max_episode_tokens}), so long trajectories would "
             f"be cut: set trainer.max_seq_len={c.max_episode_tokens}")
-    if c.max_turns < cfg.env.max_steps:
-        raise ConfigError(
-            f"collector.max_turns={c.max_turns} < env.max_steps={cfg.env.max_steps}: the "
-            f"collector would cut episodes the environment allows; set collector.max_turns="
-            f"{cfg.env.max_steps}")
     if cfg.init.model_path is not None and cfg.init.from_run is not None:
         raise ConfigError("set only one of init.model_path and init.from_run")
     if cfg.init.model_path is None and cfg.init.tokenizer_source == "byte" \
@@ -347,21 +372,27 @@ def validate(cfg: RunConfig) -> None:
             f"model.vocab_size={cfg.model.vocab_size} does not fit the byte tokenizer "
             f"({BYTE_VOCAB_SIZE} ids): set model.vocab_size={BYTE_VOCAB_SIZE}, or give "
             "init.tokenizer=DIR / init.model_path=DIR")
-    if cfg.env.task in ("math", "math_tool") and not cfg.env.train_file:
-        raise ConfigError(
-            f"env.task={cfg.env.task!r} reads its problems from a JSONL file: set "
-            "env.train_file=PATH (one {\"question\", \"answer\"} a line, GSM8K format works)")
-    if cfg.env.task == "math" and cfg.env.max_steps != 1:
-        raise ConfigError("env.task='math' is one turn: set env.max_steps=1")
-    if cfg.sft.steps and cfg.env.task != "calculator" and not cfg.sft.data:
-        raise ConfigError(
-            f"sft.steps={cfg.sft.steps} needs demonstrations: env.task={cfg.env.task!r} does "
-            "not generate them, so set sft.data=PATH (JSONL of {\"messages\": [...]}) or "
-            "sft.steps=0")
+    _check_demo_parts(cfg)
     if cfg.eval.every and cfg.eval.every > cfg.run.steps > 0:
         raise ConfigError(f"eval.every={cfg.eval.every} > run.steps={cfg.run.steps}: it would "
                           "never run; lower it or set it to 0")
 
+def _check_demo_parts(cfg: RunConfig) -> None:
+    """A config that swaps in its own environment must not keep the demo's other parts."""
+    if cfg.env.factory == DEMO_ENV:
+        return
+    left = [f"{name}={value}" for name, value in (("agent.factory", cfg.agent.factory),
+                                                  ("tasks.factory", cfg.tasks.factory))
+            if value in (DEMO_AGENT, DEMO_TASKS)]
+    if left:
+        raise ConfigError(
+            f"env.factory={cfg.env.factory} is your own, but {' and '.join(left)} still belong "
+            "to the calculator demo: name your agent and tasks too")
+    if cfg.sft.steps and not cfg.sft.data and cfg.sft.demos == DEMO_DEMOS:
+        raise ConfigError(
+            f"sft.steps={cfg.sft.steps} needs demonstrations for your environment: set sft.data="
+            "PATH (JSONL of {\"messages\": [...]}), sft.demos='package.module:callable', or "
+            "sft.steps=0")
 
 # ----------------------------------------------------------------------------- building
 
@@ -388,7 +419,6 @@ def read_yaml(text_or_file: Any) -> Any:
 
 def _section_names() -> list[str]:
     return [f.name for f in dataclasses.fields(RunConfig)]
-
 
 def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
     """`["trainer.learning_rate=1e-3", "pipeline.mode=sync"]` -> a nested mapping.
@@ -418,18 +448,18 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
         node[parts[-1]] = value
     return out
 
-
 def _merge(base: Any, update: Mapping[str, Any], where: str = "") -> Any:
     if not isinstance(base, dict):
         return dict(update)
     out = dict(base)
+    if "factory" in update and update["factory"] != out.get("factory"):
+        out.pop("kwargs", None)  # another factory: the old one's arguments do not carry over
     for key, value in update.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value, f"{where}{key}.")
         else:
             out[key] = value
     return out
-
 
 def _check_sections(data: Mapping[str, Any], source: str) -> None:
     valid = _section_names()
@@ -439,24 +469,39 @@ def _check_sections(data: Mapping[str, Any], source: str) -> None:
             hint = f" Did you mean '{close[0]}'?" if close else f" Sections: {', '.join(valid)}."
             raise ConfigError(f"unknown config section '{key}' in {source}.{hint}")
 
-
 def apply_overrides(cfg: RunConfig, data: Mapping[str, Any], source: str = "overrides") -> RunConfig:
     """`cfg` with the (nested, partial) mapping `data` merged over it, strictly validated."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
     _check_sections(data, source)
-    merged = _merge(to_dict(cfg), data)
+    return _build(_merge(to_dict(cfg), data), [data], source)
+
+_DERIVED_SEEDS = ("pipeline", "trainer")
+
+def _given(data: Mapping[str, Any], section: str, key: str) -> bool:
+    part = data.get(section)
+    return isinstance(part, Mapping) and key in part
+
+def _build(merged: dict[str, Any], given: Sequence[Mapping[str, Any]], source: str) -> RunConfig:
+    """Imports run.imports, derives the seeds not given explicitly, builds and validates."""
+    from agentax.cli._imports import import_modules
+
+    run = merged.get("run", {})
+    import_modules(run.get("imports") if isinstance(run, Mapping) else None)
+    if any(_given(g, "run", "seed") for g in given):
+        for section in _DERIVED_SEEDS:
+            if not any(_given(g, section, "seed") for g in given):
+                merged[section] = {**merged[section], "seed": run["seed"]}
     try:
         return from_dict(RunConfig, merged)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
-
 def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
                 *, base: RunConfig | None = None) -> RunConfig:
     """Defaults (or `base`) < YAML file at `path` < command-line `overrides`, validated once."""
     merged = to_dict(base if base is not None else RunConfig())
-    source = "defaults"
+    source, given = "defaults", []
     if path is not None:
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -472,16 +517,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         _check_sections(data, path)
         merged, source = _merge(merged, data), path
+        given.append(data)
     if overrides:
         data = parse_overrides(overrides)
         _check_sections(data, "command-line overrides")
         merged = _merge(merged, data)
+        given.append(data)
         source = f"{source} + overrides" if path is not None else "command-line overrides"
-    try:
-        return from_dict(RunConfig, merged)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
-
+    return _build(merged, given, source)
 
 def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())

@@ -1,26 +1,57 @@
-"""Held-out evaluation: run the agent on tasks with the engine, report success and reward."""
+"""Per-episode metrics, their aggregation, and held-out evaluation with the engine.
+
+Every episode yields `episode_metrics(trajectory)`: its `reward`, `success` (reward > 0), the
+agent's `turns` and `parse_errors`, and whatever the environment reported in
+`StepResult.info["metrics"]` (the collector gathers them in `Trajectory.info["metrics"]`).
+`agentax train` averages them per RL step and per evaluation, with no task-specific code.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from agentax.records import SamplingParams, Task, TrajectoryStatus
+from agentax.records import SamplingParams, Task, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector, CollectorConfig, episode_seed
 
-__all__ = ["EvalResult", "evaluate", "tool_rate"]
+__all__ = ["CORE_METRICS", "EvalResult", "aggregate", "episode_metrics", "evaluate", "task_metric_names"]
+
+CORE_METRICS = ("success", "reward", "turns", "parse_errors")
+"""Per-episode numbers every task has; the environment's own come after them."""
 
 
-def tool_rate(trajectories: Sequence[Any]) -> float:
-    """Fraction of trajectories with at least one tool call."""
-    if not trajectories:
-        return 0.0
-    return float(np.mean([any(t.action.tool_calls for t in traj.turns) for traj in trajectories]))
+def episode_metrics(traj: Trajectory) -> dict[str, float]:
+    """The numbers of one finished episode (core ones, then the environment's)."""
+    out = {
+        "success": float(traj.reward > 0),
+        "reward": float(traj.reward),
+        "turns": float(len(traj.turns)),
+        "parse_errors": float(sum(len(t.action.parse_errors) for t in traj.turns)),
+    }
+    for key, value in dict(traj.info.get("metrics", {})).items():
+        out.setdefault(str(key), float(value))
+    return out
+
+
+def aggregate(episodes: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the episodes that report it (core metrics first)."""
+    sums: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, int] = collections.defaultdict(int)
+    for m in episodes:
+        for key, value in m.items():
+            sums[key] += value
+            counts[key] += 1
+    order = [k for k in CORE_METRICS if k in sums] + sorted(k for k in sums if k not in CORE_METRICS)
+    return {k: sums[k] / counts[k] for k in order}
+
+
+def task_metric_names(metrics: Mapping[str, Any]) -> tuple[str, ...]:
+    """The environment-reported names among `metrics` (not the core ones)."""
+    return tuple(k for k in metrics if k not in CORE_METRICS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,26 +60,33 @@ class EvalResult:
 
     mode: str
     """'greedy' or 'sampled'."""
-    success_rate: float
-    """Fraction of episodes with reward > 0."""
-    reward_mean: float
-    tool_rate: float
-    """Fraction of episodes that called a tool."""
+    metrics: Mapping[str, float]
+    """Mean per-episode metrics (success, reward, turns, parse_errors, the environment's)."""
     episodes: int
     failed: int
     """Episodes that ended in an error status (timeouts, env errors...)."""
     policy_version: int
     seconds: float
 
+    @property
+    def success_rate(self) -> float:
+        """Fraction of episodes with reward > 0."""
+        return float(self.metrics.get("success", 0.0))
+
+    @property
+    def reward_mean(self) -> float:
+        return float(self.metrics.get("reward", 0.0))
+
     def to_metrics(self, prefix: str = "eval") -> dict[str, float]:
         p = f"{prefix}/{self.mode}"
-        return {f"{p}/success": self.success_rate, f"{p}/reward": self.reward_mean,
-                f"{p}/tool_rate": self.tool_rate, f"{p}/episodes": self.episodes}
+        return {**{f"{p}/{k}": v for k, v in self.metrics.items()}, f"{p}/episodes": self.episodes}
 
     def line(self) -> str:
+        extra = "".join(f"  {k} {v:.3g}" for k, v in self.metrics.items()
+                        if k not in ("success", "reward"))
         return (f"{self.mode:>7}: success {100 * self.success_rate:5.1f}%  reward "
-                f"{self.reward_mean:.3f}  tool use {100 * self.tool_rate:5.1f}%  "
-                f"({self.episodes} episodes, {self.seconds:.1f} s)")
+                f"{self.reward_mean:.3f}{extra}  ({self.episodes} episodes, "
+                f"{self.failed} failed, {self.seconds:.1f} s)")
 
 
 async def evaluate(
@@ -74,7 +112,7 @@ async def evaluate(
     for mode, repeats in modes:
         params = dataclasses.replace(sampling, temperature=0.0) if mode == "greedy" else sampling
         collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, params,
-                              collector_config)
+                              collector_config, reward_fn=suite.reward_fn)
         version = int(getattr(engine, "policy_version", 0))
         t0 = time.perf_counter()
 
@@ -86,12 +124,9 @@ async def evaluate(
 
         trajs = await asyncio.gather(*(one(i, t, r) for i, t in enumerate(tasks)
                                        for r in range(repeats)))
-        rewards = np.asarray([t.reward for t in trajs], np.float32)
         ok = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
         results.append(EvalResult(
-            mode=mode, success_rate=float((rewards > 0).mean()) if len(trajs) else 0.0,
-            reward_mean=float(rewards.mean()) if len(trajs) else 0.0,
-            tool_rate=tool_rate(trajs), episodes=len(trajs),
+            mode=mode, metrics=aggregate(episode_metrics(t) for t in trajs), episodes=len(trajs),
             failed=sum(t.status not in ok for t in trajs), policy_version=version,
             seconds=time.perf_counter() - t0))
     return results

@@ -1,4 +1,4 @@
-"""The `agentax` command: train | sft | eval | doctor | export | config."""
+"""The `agentax` command: train | sft | eval | doctor | export | serve | config."""
 
 from __future__ import annotations
 
@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("out")
     p.set_defaults(fn=_cmd_export)
+    from agentax.cli._serve import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     p = add("config", help="print the resolved config (YAML) or the recipe names")
     p.add_argument("args", nargs="*", metavar="[CONFIG] [section.field=value ...]")
     p.add_argument("--recipes", action="store_true", help="list the shipped recipes")
@@ -289,12 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentax {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into one line
-        if args.debug:
+        if getattr(args, "debug", False):
             traceback.print_exc()
         user = isinstance(e, _USER_ERRORS)
         text = " ".join(str(e).split()) or "(no message)"
         plain = user or _explains_itself(e)
         name = "" if plain else f"{type(e).__name__}: "
-        hint = "" if plain or args.debug else " (run again with --debug for the traceback)"
+        debug = getattr(args, "debug", False)
+        hint = "" if plain or debug else " (run again with --debug for the traceback)"
         print(f"agentax {args.command}: error: {name}{text}{hint}", file=sys.stderr)
         return 2 if user else 1

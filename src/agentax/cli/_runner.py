@@ -1,5 +1,9 @@
 """What `agentax train | sft | eval` do: warm start, evaluate, RL through the pipeline.
 
+Nothing here knows the task: the environment, agent, tasks and demonstrations come from the
+config (`build_suite_for`), and the numbers shown are the per-episode metrics every episode
+reports (`episode_metrics`), gathered through the pipeline's episode hook.
+
 Every command writes one run directory (config.yaml, metrics.jsonl, the Perfetto trace,
 checkpoints/, curves.png, summary.json). `train` resumes from a run directory.
 """
@@ -7,7 +11,6 @@ checkpoints/, curves.png, summary.json). `train` resumes from a run directory.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import time
 from pathlib import Path
@@ -15,9 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from agentax.cli._build import build_engine, build_model, build_suite_for, build_tokenizer
+from agentax.cli._build import (
+    TaskSuite,
+    build_engine,
+    build_model,
+    build_suite_for,
+    build_tokenizer,
+)
 from agentax.cli._config import RunConfig
-from agentax.cli._evaluate import EvalResult, evaluate
+from agentax.cli._evaluate import (
+    EvalResult,
+    aggregate,
+    episode_metrics,
+    evaluate,
+    task_metric_names,
+)
 from agentax.cli._rundir import (
     CHECKPOINT_DIR,
     RunCheckpointer,
@@ -28,7 +43,6 @@ from agentax.cli._rundir import (
 )
 from agentax.cli._signals import Interrupted, StopGuard
 from agentax.config import replace
-from agentax.recipes import TaskSuite, load_demos_jsonl, used_tool
 from agentax.rollout import Collector
 from agentax.trace import ConsoleView, MetricsLogger, get_tracer
 
@@ -78,11 +92,13 @@ class Reporter:
 
 
 def demonstrations(cfg: RunConfig, suite: TaskSuite) -> list:
-    if cfg.sft.data:
-        return load_demos_jsonl(cfg.sft.data)
     if suite.demos is None:
-        raise ValueError(f"task {suite.name!r} has no generated demonstrations; set sft.data")
-    return suite.demos(cfg.sft.num_demos, cfg.run.seed + 1)
+        raise ValueError("sft.steps > 0 but there are no demonstrations: set sft.data=PATH or "
+                         "sft.demos='package.module:callable'")
+    convs = suite.demos(cfg.sft.num_demos, cfg.run.seed + 1)
+    if not convs:
+        raise ValueError("the demonstrations are empty (sft.data / sft.demos)")
+    return convs
 
 
 def sft_trainer_config(cfg: RunConfig):
@@ -152,28 +168,6 @@ def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult]
 # ----------------------------------------------------------------------------- RL
 
 
-class _TrackingCollector(Collector):
-    """A Collector that remembers which episodes used a tool, their tokens and rewards.
-
-    `by_group` serves the trained groups of a step; `finished` holds every episode finished
-    since it was last drained, including those of groups the filters dropped, so the reported
-    success rate is over everything sampled, not only over the (mixed-reward) trained groups.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.by_group: dict[str, list[tuple[bool, int]]] = collections.defaultdict(list)
-        self.finished: list[tuple[float, bool]] = []
-
-    async def run_episode(self, task, *, seed, group_id="", sample_index=0):
-        traj = await super().run_episode(task, seed=seed, group_id=group_id,
-                                         sample_index=sample_index)
-        used = used_tool(traj)
-        self.by_group[group_id].append((used, traj.num_generated))
-        self.finished.append((float(traj.reward), used))
-        return traj
-
-
 def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: bool = False) -> dict:
     """`agentax train`: (SFT warm start,) evaluate, RL through the pipeline, evaluate, doctor.
 
@@ -231,6 +225,9 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                                RunCheckpointer(run_dir, start_step if position else None)))
         finally:
             if engine is not None:
+                stats = engine.stats()  # start-up cost: compiling, and the first decode call
+                rep.timings["engine_compile_s"] = round(stats.compile_s, 2)
+                rep.timings["engine_first_step_s"] = stats.first_step_s
                 engine.shutdown()
         summary["wall_s"] = rep.elapsed()
         summary["timings"] = rep.timings
@@ -255,44 +252,44 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         checkpointer.save(trainer, rl_step=pipeline.version, next_group=pipeline.next_group)
 
     out: dict[str, Any] = {}
-    collector = _TrackingCollector(engine, tokenizer, suite.make_env, suite.make_agent,
-                                   cfg.sampling, cfg.collector)
+    collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
+                          cfg.collector, reward_fn=suite.reward_fn)
     steps_left = max(cfg.run.steps - start_step, 0)
-    view = rep.view(cfg.run.steps, ("success", "tool_rate", "reward", "staleness", "traj_per_s"),
-                    "rl")
     evals: list[asyncio.Task] = []
     trained = [0]
+    sampled: list[dict[str, float]] = []
+    views: list[ConsoleView | None] = []
+
+    def on_episode(traj) -> None:
+        sampled.append(episode_metrics(traj))
 
     def on_step(record) -> None:
-        tools, tokens = [], 0
-        for gid in record.group_ids:
-            for used, n in collector.by_group.pop(gid, ()):
-                tools.append(used)
-                tokens += n
-        trained[0] += len(tools)
-        sampled, collector.finished = collector.finished, []
+        trained[0] += sum(1 for _ in record.group_ids) * cfg.pipeline.group_size
+        # Over every episode finished since the last step (filtered groups included).
+        episodes = aggregate(sampled)
+        count = len(sampled)
+        sampled.clear()
         m = record.metrics
         metrics = {
-            "phase": "rl", "policy_version": record.policy_version,
-            # Over every episode finished since the last step (filtered groups included).
-            "success": float(np.mean([r > 0 for r, _ in sampled])) if sampled else 0.0,
-            "tool_rate": float(np.mean([u for _, u in sampled])) if sampled else 0.0,
-            "episodes": len(sampled),
+            "phase": "rl", "policy_version": record.policy_version, **episodes,
+            "episodes": count,
             # Over the groups this step trained on (all-equal groups are filtered out).
-            "success_trained": record.success_rate, "reward": record.reward_mean,
-            "tool_rate_trained": float(np.mean(tools)) if tools else 0.0,
+            "success_trained": record.success_rate, "reward_trained": record.reward_mean,
             "staleness": max(record.staleness, default=0),
             "staleness_mean": float(np.mean(record.staleness)) if record.staleness else 0.0,
             "traj_per_s": trained[0] / max(record.wall_s, 1e-9),
-            "tokens_generated": tokens, "train_s": record.train_s,
-            "trainer_wait_s": record.trainer_wait_s,
+            "train_s": record.train_s, "trainer_wait_s": record.trainer_wait_s,
         }
         if m is not None:
             metrics.update(loss=m.loss, entropy=m.entropy, kl=m.approx_kl,
                            grad_norm=m.grad_norm, skipped=m.skipped)
         rep.log(record.step, metrics)
-        if view is not None:
-            view.update(record.step - 1, metrics)
+        if not views:
+            keys = ("success", "reward", *task_metric_names(episodes)[:2], "staleness",
+                    "traj_per_s")
+            views.append(rep.view(cfg.run.steps, keys, "rl"))
+        if views[0] is not None:
+            views[0].update(record.step - 1, metrics)
         if cfg.run.checkpoint_every and record.step % cfg.run.checkpoint_every == 0:
             checkpoint()
         if cfg.eval.every and record.step % cfg.eval.every == 0 and record.step < cfg.run.steps:
@@ -306,7 +303,8 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                            **r.to_metrics()})
 
     pipeline = Pipeline(collector, guard.trainer(trainer), engine, list(suite.train_tasks),
-                        cfg.pipeline, on_step=on_step, start_version=start_step,
+                        cfg.pipeline, on_step=on_step, on_episode=on_episode,
+                        start_version=start_step,
                         start_group=start_group)
 
     async def watchdog() -> None:
@@ -345,8 +343,8 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
             watch.cancel()
         rep.timings["rl_s"] = time.perf_counter() - t
         checkpoint()  # before the final evaluation, which a kill may interrupt
-        if view is not None:
-            view.close()
+        if views and views[0] is not None:
+            views[0].close()
         await asyncio.gather(*evals)
         t = time.perf_counter()
         out["eval_after"] = _report_eval(rep, cfg.run.steps, "after", await _evaluate(
@@ -359,8 +357,8 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
     except BaseException as e:
         if guard.signum is None or not (guard.stopped(e) or isinstance(e, Interrupted)):
             raise
-        if view is not None:
-            view.close()
+        if views and views[0] is not None:
+            views[0].close()
         checkpoint()
         raise Interrupted(guard.signum, f"stopped at RL step {pipeline.version}; checkpoint "
                           f"{rep.run_dir / CHECKPOINT_DIR}/step_{checkpointer.saved_step} is "

@@ -4,16 +4,27 @@
 `max_slots` sequences and a background step thread; `await engine.generate(ids, params,
 sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions.
 See docs/engine.md.
+
+The config, stats and error types import no JAX; `Engine` loads JAX on first use (so the
+host-side scheduler and its tests stay JAX-free).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from agentax.engine._config import EngineConfig, EngineStats
-from agentax.engine._engine import (
-    Engine,
-    EngineClosed,
-    EngineError,
-    PromptTooLong,
-    SequenceError,
-)
+from agentax.engine._requests import EngineClosed, EngineError, PromptTooLong, SequenceError
+
+if TYPE_CHECKING:
+    from agentax.engine._compilation import enable_compilation_cache
+    from agentax.engine._engine import Engine
+
+_LAZY = {
+    "Engine": "agentax.engine._engine",
+    "enable_compilation_cache": "agentax.engine._compilation",
+}
 
 __all__ = [
     "Engine",
@@ -23,4 +34,17 @@ __all__ = [
     "EngineStats",
     "PromptTooLong",
     "SequenceError",
+    "enable_compilation_cache",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agentax.engine' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

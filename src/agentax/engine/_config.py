@@ -28,11 +28,15 @@ class EngineConfig:
     """Bucketed prefill tokens (rows x chunk) of the one prefill call run between two decode
     calls; 0 means no limit beyond max_prefill_rows x prefill_chunk. A call always takes at
     least one row, so a lower budget trades refill speed for steadier decode latency."""
-    decode_steps_per_call: int = 1
+    decode_steps_per_call: int = 8
     """Decode steps fused into one jitted call (an on-device loop with on-device stop checks).
 
-    1 (no loop) measured fastest on CPU; larger values cut host round trips per token when the
-    host, not the device, is the bottleneck (large slot counts on an accelerator)."""
+    8 measured fastest on CPU (docs/engine.md): one host round trip per 8 tokens per slot;
+    a slot that finishes mid-call idles for the rest of that call."""
+    min_attend_bucket: int = 128
+    """Shortest attention span. Prefill and decode attend over a power-of-two bucket (from
+    this up to max_seq_len / 2, then max_seq_len) covering the longest sequence in the call,
+    not the whole slot."""
     max_stop_ids: int = 8
     """Capacity of the per-slot stop-id table (eos ids + SamplingParams.stop_ids)."""
     max_sequences: int = 65536
@@ -40,9 +44,10 @@ class EngineConfig:
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
-    """Compile every prefill shape (row bucket x chunk bucket) and the decode kernel when the
-    engine starts, in its step thread (requests queue meanwhile), so that no request waits
-    for a compilation later. Off: shapes compile the first time traffic needs them."""
+    """Compile every kernel shape (decode per attention span; prefill per row bucket x chunk
+    bucket x span) when the engine starts, in its step thread (requests queue meanwhile), so
+    that no request waits for a compilation later. Off: shapes compile the first time traffic
+    needs them."""
     idle_wait_s: float = 0.05
     """How long the step thread sleeps when there is nothing to do (it is woken on new work)."""
 
@@ -66,6 +71,10 @@ class EngineConfig:
         need(self.max_prefill_rows >= 0, "max_prefill_rows must be >= 0 (0 = max_slots)")
         need(self.decode_steps_per_call >= 1, "decode_steps_per_call must be >= 1")
         need(self.max_stop_ids >= 1, "max_stop_ids must be >= 1")
+        need(
+            _is_pow2(self.min_attend_bucket),
+            f"min_attend_bucket must be a power of two, got {self.min_attend_bucket}",
+        )
         need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
 
     @property
@@ -95,6 +104,21 @@ class EngineConfig:
     def token_budget(self) -> int:
         """Bucketed tokens (rows x chunk) one prefill call may take."""
         return self.prefill_token_budget or self.prefill_rows * self.prefill_chunk
+
+    @property
+    def attend_buckets(self) -> tuple[int, ...]:
+        """Attention spans kernels compile for: powers of two from min_attend_bucket up to
+        half of max_seq_len, then max_seq_len (a span above half the slot saves too little
+        to be worth its compilations)."""
+        out, b = [], self.min_attend_bucket
+        while 2 * b <= self.max_seq_len:
+            out.append(b)
+            b *= 2
+        return (*out, self.max_seq_len)
+
+    def attend_bucket(self, length: int) -> int:
+        """The shortest attention span covering positions [0, length)."""
+        return next((b for b in self.attend_buckets if b >= length), self.max_seq_len)
 
     def row_bucket(self, rows: int) -> int:
         return next(b for b in self.prefill_row_buckets if b >= rows)
@@ -139,3 +163,7 @@ class EngineStats:
     """Jitted prefill calls (each feeds one chunk of up to max_prefill_rows requests)."""
     occupancy: float = 0.0
     """Generated tokens over slot-steps run (decode steps x max_slots) since construction."""
+    compile_s: float = 0.0
+    """Wall time of kernel calls that compiled (precompile included) since construction."""
+    first_step_s: float | None = None
+    """Seconds from construction to the end of the first decode call (None before it)."""

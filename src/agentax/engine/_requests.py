@@ -66,6 +66,9 @@ class _Request:
     out_versions: list[int] = dataclasses.field(default_factory=list)
     stop_set: frozenset[int] = frozenset()
     done: bool = False
+    result: Any = None
+    """What the scheduler resolved it with when no event loop waits (its own tests)."""
+    error: BaseException | None = None
 
 
 def _resolve(req: _Request, *, result: Any = None, exc: BaseException | None = None) -> None:

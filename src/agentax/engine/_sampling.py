@@ -76,13 +76,19 @@ def sample_tokens(
         lambda s: s,
         scaled,
     )
-    base = jax.random.key(_BASE_KEY_SEED)
-    keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(
-        params.seed, positions_b.astype(jnp.uint32)
-    )
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits_bv.shape[-1],), jnp.float32))(keys)
-    sampled = jnp.argmax(masked + gumbel, axis=-1)
     greedy = jnp.argmax(logits_bv, axis=-1)
+
+    def draw(masked_bv):
+        base = jax.random.key(_BASE_KEY_SEED)
+        keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(
+            params.seed, positions_b.astype(jnp.uint32)
+        )
+        shape = (logits_bv.shape[-1],)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, shape, jnp.float32))(keys)
+        return jnp.argmax(masked_bv + gumbel, axis=-1)
+
+    # An all-greedy batch draws no noise (the Gumbel draw costs as much as the softmax).
+    sampled = jax.lax.cond(jnp.all(greedy_b), lambda m: greedy, draw, masked)
     tokens = jnp.where(greedy_b, greedy, sampled).astype(jnp.int32)
     logprobs = jnp.take_along_axis(logp_bv, tokens[:, None], axis=-1)[:, 0]
     return tokens, logprobs

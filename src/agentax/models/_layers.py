@@ -16,7 +16,9 @@ from flax import nnx
 
 from agentax.models._config import RopeScaling
 
-__all__ = ["RMSNorm", "rope_inv_freq", "apply_rope", "attention", "MASK_VALUE"]
+__all__ = [
+    "RMSNorm", "rope_inv_freq", "apply_rope", "attention", "cached_attention", "MASK_VALUE",
+]
 
 MASK_VALUE = float(np.finfo(np.float32).min)
 
@@ -101,4 +103,29 @@ def attention(
     scores = jnp.where(mask_bts[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)  # [B, T, K, G, H]
+    return out.reshape(b, t, n, h)
+
+
+def cached_attention(
+    q_btnh: jax.Array,
+    k_bklh: jax.Array,
+    v_bklh: jax.Array,
+    mask_btl: jax.Array,
+    *,
+    scale: float,
+    softcap: float | None,
+) -> jax.Array:
+    """`attention` over a head-major KV cache span [B, K, L, H]; returns [B, T, N, H]."""
+    b, t, n, h = q_btnh.shape
+    kv = k_bklh.shape[1]
+    q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
+    scores = jnp.einsum(
+        "btkgh,bklh->bkgtl", q_btkgh * jnp.asarray(scale, q_btnh.dtype), k_bklh,
+        preferred_element_type=jnp.float32,
+    )  # [B, K, G, T, L]
+    if softcap is not None:
+        scores = jnp.tanh(scores / softcap) * softcap
+    scores = jnp.where(mask_btl[:, None, None, :, :], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bklh.dtype)
+    out = jnp.einsum("bkgtl,bklh->btkgh", probs, v_bklh)  # [B, T, K, G, H]
     return out.reshape(b, t, n, h)

@@ -7,7 +7,10 @@ Two forward paths:
 * `model.forward_cached(tokens_bt, positions_bt, cache, ...)` — prefill or decode against a
   preallocated `KVCache` of `S` slots, for the generation engine. Tokens are written into
   their slot at their absolute positions; a row whose position is >= the cache length writes
-  nothing (use it for idle slots so a parked conversation's cache stays intact).
+  nothing (use it for idle slots so a parked conversation's cache stays intact). Attention
+  reads only the first `attend_len` positions of each slot: the engine passes a bucket that
+  covers the longest active sequence, so a step costs what the sequences hold, not what a
+  slot could hold.
 """
 
 from __future__ import annotations
@@ -20,13 +23,23 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentax.models._config import ModelConfig
-from agentax.models._layers import RMSNorm, apply_rope, attention, rope_inv_freq
+from agentax.models._layers import (
+    RMSNorm,
+    apply_rope,
+    attention,
+    cached_attention,
+    rope_inv_freq,
+)
 
 __all__ = ["Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments"]
 
 
 class KVCache(NamedTuple):
-    """Per-layer key/value buffers: `k[l]`, `v[l]` are [S, T_max, K, H]."""
+    """Per-layer key/value buffers: `k[l]`, `v[l]` are [S, K, T_max, H].
+
+    Head-major: attention reads `[S, K, :L, H]`, a contiguous prefix per head, so neither the
+    write nor the read needs a transposed copy of the cache (the [S, T, K, H] layout made XLA
+    copy the whole cache four times per decode step on CPU)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -37,13 +50,13 @@ class KVCache(NamedTuple):
 
     @property
     def max_seq_len(self) -> int:
-        return int(self.k[0].shape[1])
+        return int(self.k[0].shape[2])
 
 
 def init_cache(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None) -> KVCache:
     """A zeroed KV cache for `num_slots` sequences of up to `max_seq_len` tokens."""
     dtype = jnp.dtype(dtype or config.dtype)
-    shape = (num_slots, max_seq_len, config.num_kv_heads, config.head_dim)
+    shape = (num_slots, config.num_kv_heads, max_seq_len, config.head_dim)
     return KVCache(
         k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
         v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
@@ -134,20 +147,24 @@ class Attention(nnx.Module):
         out = attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(b, t, -1))
 
-    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b):
+    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len):
         q, k, v = self.qkv(x_btd, positions_bt)
         b, t = positions_bt.shape
         if slot_ids_b is None:  # all slots, in order (decode)
             rows = jnp.arange(k_cache.shape[0])[:, None]
         else:
             rows = slot_ids_b[:, None]
-        k_cache = k_cache.at[rows, positions_bt].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[rows, positions_bt].set(v.astype(v_cache.dtype), mode="drop")
-        k_all = k_cache if slot_ids_b is None else k_cache[slot_ids_b]  # [B, T_max, K, H]
-        v_all = v_cache if slot_ids_b is None else v_cache[slot_ids_b]
-        k_pos = jnp.arange(k_cache.shape[1])
-        mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, T_max]
-        out = attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
+        # [S, K, T_max, H] indexed at [rows, :, positions]: the update is [B, T, K, H].
+        k_cache = k_cache.at[rows, :, positions_bt].set(k.astype(k_cache.dtype), mode="drop")
+        v_cache = v_cache.at[rows, :, positions_bt].set(v.astype(v_cache.dtype), mode="drop")
+        span = k_cache.shape[2] if attend_len is None else attend_len
+        if slot_ids_b is None:
+            k_all, v_all = k_cache[:, :, :span], v_cache[:, :, :span]  # [B, K, L, H]
+        else:
+            k_all, v_all = k_cache[slot_ids_b, :, :span], v_cache[slot_ids_b, :, :span]
+        k_pos = jnp.arange(span)
+        mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, L]
+        out = cached_attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
 
 
@@ -184,9 +201,9 @@ class Block(nnx.Module):
     def __call__(self, x_btd, positions_bt, allowed_btt):
         return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, allowed_btt))
 
-    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b):
+    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len):
         a, k_cache, v_cache = self.attn.cached(
-            self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b
+            self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len
         )
         return self._finish(x_btd, a), k_cache, v_cache
 
@@ -283,6 +300,7 @@ class Transformer(nnx.Module):
         cache: KVCache,
         slot_ids_b: jax.Array | None = None,
         logits_index_b: jax.Array | None = None,
+        attend_len: int | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Prefill or decode against the KV cache.
 
@@ -293,6 +311,8 @@ class Transformer(nnx.Module):
           cache: the KV cache.
           slot_ids_b: [B] which cache slot each row uses; None means row i is slot i (B == S).
           logits_index_b: [B] if given, return logits only at this time index of each row.
+          attend_len: static; attention reads only positions [0, attend_len) of each slot, so
+            it must exceed every position fed. None reads the whole slot.
 
         Returns:
           (logits, new_cache): logits [B, T, V] float32, or [B, V] with logits_index_b.
@@ -300,7 +320,9 @@ class Transformer(nnx.Module):
         x = self.embed_tokens(tokens_bt)
         new_k, new_v = [], []
         for block, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x, k_cache, v_cache = block.cached(x, positions_bt, k_cache, v_cache, slot_ids_b)
+            x, k_cache, v_cache = block.cached(
+                x, positions_bt, k_cache, v_cache, slot_ids_b, attend_len
+            )
             new_k.append(k_cache)
             new_v.append(v_cache)
         if logits_index_b is not None:

@@ -120,6 +120,8 @@ class Pipeline:
       tasks: a sequence of `Task`s (group i uses tasks[i % len]) or a callable i -> Task.
       config: the pipeline knobs.
       on_step: called with each `StepRecord` (progress display, metrics, checkpoints).
+      on_episode: called with every finished `Trajectory`, as it finishes, whatever becomes of
+        its group (trained, filtered, failed); e.g. to aggregate per-episode metrics.
       publish: how weights reach the engine, `publish(trainer, engine, version)`; default
         `engine.update_weights(trainer.params_for_engine(), version)` (a pointer swap when
         colocated; pass a resharding publisher for disaggregated placement).
@@ -135,6 +137,7 @@ class Pipeline:
         config: PipelineConfig = PipelineConfig(),
         *,
         on_step: Callable[[StepRecord], None] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
         publish: Callable[[Any, Any, int], None] | None = None,
         start_version: int = 0,
         start_group: int = 0,
@@ -147,6 +150,7 @@ class Pipeline:
         self.tasks = tasks
         self.config = config
         self.on_step = on_step
+        self.on_episode = on_episode
         self.publish_fn = publish or _publish_colocated
         self.tracer = get_tracer()
         self.accounting = Accounting()
@@ -221,6 +225,8 @@ class Pipeline:
                     task, seed=episode_seed(self.config.seed, index, sample),
                     group_id=group_id, sample_index=sample,
                 )
+            if self.on_episode is not None:
+                self.on_episode(traj)
             error = self.breaker.record(traj)
             if error is not None:
                 self._fail(error)

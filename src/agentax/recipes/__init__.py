@@ -1,22 +1,18 @@
-"""agentax.recipes: the built-in calculator task, task suites, and YAML run recipes.
+"""agentax.recipes: shipped YAML run recipes and the parts they name by import path.
 
-* `calculator_tasks`, `calculator_demos`, `calculator_reward`, `used_tool`: the embedded CPU
-  demo's multi-turn calculator-tool task and its (deliberately sloppy) warm-start demonstrations.
-* `build_suite(name, ...) -> TaskSuite`: tasks + environment/agent factories for 'calculator',
-  'math' (GSM8K-style, math_verify) and 'math_tool' (the same with the calculator tool).
-* `RECIPES` / `recipe_path(name)`: YAML run configs shipped with agentax (see docs/quickstart.md).
+* `RECIPES` / `recipe_path(name)`: the YAML run configs shipped with agentax
+  (`agentax train NAME`; see docs/recipes.md).
+* Modules named in those YAML files, each a user's-eye example of `env.factory`,
+  `agent.factory`, `tasks.factory` and `sft.demos`: `agentax.recipes.calculator` (the embedded
+  CPU demo), `.math`, `.frozen_lake`, `.bash`, `.swe_tiny`.
+* `load_tasks(path)` (JSONL / Parquet tasks), `load_demos_jsonl(path)` (chat demonstrations),
+  and the calculator task's `calculator_tasks`, `calculator_demos`, `calculator_reward`.
 """
 
 from pathlib import Path
 
-from agentax.recipes._calculator import calculator_demos, calculator_reward, calculator_tasks, used_tool
-from agentax.recipes._suite import (
-    SUITES,
-    TaskSuite,
-    build_suite,
-    load_demos_jsonl,
-    load_math_jsonl,
-)
+from agentax.recipes._calculator import calculator_demos, calculator_reward, calculator_tasks
+from agentax.recipes._tasks import load_demos_jsonl, load_tasks
 
 RECIPE_DIR = Path(__file__).parent / "configs"
 """Folder of the shipped YAML recipes."""
@@ -40,14 +36,10 @@ def recipe_path(name: str) -> Path:
 __all__ = [
     "RECIPES",
     "RECIPE_DIR",
-    "SUITES",
-    "TaskSuite",
-    "build_suite",
     "calculator_demos",
     "calculator_reward",
     "calculator_tasks",
     "load_demos_jsonl",
-    "load_math_jsonl",
+    "load_tasks",
     "recipe_path",
-    "used_tool",
 ]

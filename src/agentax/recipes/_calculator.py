@@ -36,7 +36,6 @@ __all__ = [
     "calculator_reward",
     "calculator_tasks",
     "compact_calculator",
-    "used_tool",
 ]
 
 CALCULATOR_OPS = ("+", "-", "*")
@@ -104,11 +103,6 @@ def calculator_tasks(n: int, *, seed: int, max_digits: int = 2, prefix: str = "c
 def calculator_reward(task: Task, response: str) -> float:
     """1.0 when the reply is exactly the task's number (surrounding whitespace ignored)."""
     return 1.0 if response.strip() == str(task.answer) else 0.0
-
-
-def used_tool(trajectory) -> bool:
-    """True when any turn of the trajectory made a tool call."""
-    return any(turn.action.tool_calls for turn in trajectory.turns)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,10 @@ engine (continuing the same engine sequence between turns, so only new tokens ar
 let the agent parse the reply into an action, step the environment, repeat until done. Many
 episodes run at once; the engine batches their model calls, environment work overlaps.
 
+An environment reports per-episode numbers of its own (a solved flag, a distance, tool use) as
+`StepResult.info["metrics"]`, a mapping of names to numbers; they end up in
+`Trajectory.info["metrics"]`, where `agentax train` aggregates them.
+
 Every wait on the outside world is bounded (model call, reset/step via the environment's own
 limits, close, reward, the whole episode). Whatever happens, an episode returns a
 `Trajectory` with a typed status, releases its engine sequence and closes its environment.
@@ -52,7 +56,9 @@ class CollectorConfig:
     episode_timeout_s: float = 600.0
     """Limit for a whole episode."""
     close_timeout_s: float = 10.0
-    """Limit for closing an environment."""
+    """Backstop limit for closing an environment. Deliberately separate from the environment's
+    own `Environment.close_timeout_s` (set by the environment's author, per environment class):
+    this one also bounds environments that do not subclass `Environment`."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_episode_tokens"):
@@ -125,8 +131,11 @@ class Collector:
         self, task: Task, seed: int, group_id: str, sample_index: int, flow: int
     ) -> Trajectory:
         cfg = self.config
+        made = self.env_factory()
+        if hasattr(made, "drive_episode"):
+            return await self._run_driven(made, task, seed, group_id, sample_index, flow)
         agent = self.agent_factory()
-        env: Environment = ensure_async_env(self.env_factory())
+        env: Environment = ensure_async_env(made)
         builder = TrajectoryBuilder(
             self.tokenizer, tools=agent.tools, task_id=task.id,
             stop_ids=self.sampling.stop_ids, template_kwargs=self.template_kwargs,
@@ -162,6 +171,50 @@ class Collector:
         return builder.build(
             state.reward, state.status, sample_index=sample_index, group_id=group_id,
             timings=timings, info=info,
+        )
+
+    async def _run_driven(
+        self, env: Any, task: Task, seed: int, group_id: str, sample_index: int, flow: int
+    ) -> Trajectory:
+        """An environment that calls the model itself (a black-box agent behind the OpenAI
+        endpoint, `agentax.serve.OpenAIAgentEnvironment`) runs the episode within this
+        collector's limits and sampling; the reward stage, cleanup and status are the same."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        params = dataclasses.replace(self.sampling, seed=seed)
+        try:
+            # drive_episode enforces episode_timeout_s itself and returns what it recorded;
+            # the margin here only guards against an environment that ignores it.
+            traj = await asyncio.wait_for(
+                env.drive_episode(self.engine, self.tokenizer, task, sampling=params, config=cfg,
+                                  template_kwargs=self.template_kwargs),
+                cfg.episode_timeout_s + cfg.close_timeout_s,
+            )
+        except TimeoutError:
+            traj = TrajectoryBuilder(self.tokenizer).build(
+                0.0, TrajectoryStatus.TIMEOUT, task_id=task.id, info={"reason": "episode_timeout"})
+        except asyncio.CancelledError:
+            await self._cleanup(ensure_async_env(env), _EpisodeState())
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken driver is a typed status
+            traj = TrajectoryBuilder(self.tokenizer).build(
+                0.0, TrajectoryStatus.ENV_ERROR, task_id=task.id,
+                info={"reason": type(e).__name__, "error": str(e)[:500]})
+        state = _EpisodeState(status=traj.status, reward=traj.reward)
+        await self._cleanup(ensure_async_env(env), state)
+        if state.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and self.reward_fn:
+            with self.tracer.span(names.REWARD):
+                try:
+                    state.reward += await compute_reward(
+                        self.reward_fn, task, str(traj.info.get("final_answer", "")),
+                        timeout_s=cfg.reward_timeout_s)
+                except EnvError as e:
+                    state.fail(e.status, e.kind, str(e))
+        return dataclasses.replace(
+            traj, reward=state.reward, status=state.status, group_id=group_id,
+            sample_index=sample_index,
+            timings={"episode_s": time.perf_counter() - t0, **traj.timings},
+            info={**traj.info, "flow_id": flow, **state.info},
         )
 
     async def _loop(self, task, seed, agent, env, builder, state) -> None:
@@ -204,6 +257,7 @@ class Collector:
                 state.add_time("env_s", t)
             builder.record_step(action, result)
             state.reward += float(result.reward)
+            state.add_metrics(result.info.get("metrics"))
             if result.done:
                 if result.truncated:
                     state.status, state.reason = TrajectoryStatus.TRUNCATED, "env_truncated"
@@ -245,6 +299,13 @@ class _EpisodeState:
         self.status, self.reason = status, reason
         if message:
             self.info["error"] = message[:500]
+
+    def add_metrics(self, metrics: Any) -> None:
+        """An environment's per-episode numbers from `StepResult.info["metrics"]` (a later step's
+        value of a name replaces an earlier one); they reach `Trajectory.info["metrics"]`."""
+        if metrics:
+            self.info.setdefault("metrics", {}).update(
+                {str(k): float(v) for k, v in dict(metrics).items()})
 
     def add_time(self, key: str, start: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start

@@ -79,7 +79,8 @@ class TrainerConfig:
 
     # ------------------------------------------------------------------ RL algorithm
     advantage: str = "grpo"
-    """Advantage estimator by name (agentax.algos registry): grpo, dr_grpo, rloo, reinforce_pp, gae."""
+    """Advantage estimator by registered name (agentax.algos.register_advantage): built-in grpo,
+    dr_grpo, rloo, reinforce_pp, gae; a user's own after its module is imported (run.imports)."""
     advantage_kwargs: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     """Knobs of the estimator (grpo: eps, std_ddof; reinforce_pp: gamma; gae: gamma, lam, whiten)."""
     policy_loss: str = "ppo"
@@ -107,7 +108,7 @@ class TrainerConfig:
     kl_in_reward: bool = False
     """Put -kl_coef * KL into per-token rewards (reinforce_pp / gae) instead of the loss."""
     value_coef: float = 0.5
-    """Weight of the value-head loss (used with advantage='gae' only)."""
+    """Weight of the value-head loss (used only by estimators registered with needs_values, e.g. gae)."""
     value_clip_eps: float | None = 0.2
     """PPO value clipping; None = plain squared error."""
     ppo_epochs: int = 1
@@ -137,8 +138,10 @@ class TrainerConfig:
                       f"({self.max_seq_len})")
         if self.seq_bucket_multiple < 0:
             raise err("seq_bucket_multiple must be >= 0 (0 = powers of two)")
-        if self.advantage not in algos.ADVANTAGE_ESTIMATORS:
-            algos.get_advantage_estimator(self.advantage)  # raises with a suggestion
+        try:
+            spec = algos.advantage_spec(self.advantage)
+        except ValueError as e:
+            raise err(str(e)) from None
         if self.policy_loss not in POLICY_LOSSES:
             raise err(f"unknown policy_loss {self.policy_loss!r}; choose one of {POLICY_LOSSES}")
         if self.agg_mode not in algos.AGG_MODES:
@@ -155,7 +158,7 @@ class TrainerConfig:
             raise err("pack=True puts several sequences in one row, so per-row (sequence) "
                       "statistics would mix them: use agg_mode='token-mean' and "
                       "policy_loss='ppo', or pack=False")
-        if self.kl_in_reward and self.advantage in algos.GROUP_ESTIMATORS:
+        if self.kl_in_reward and spec.group_based:
             raise err(f"kl_in_reward=True needs a token-level estimator ('reinforce_pp' or "
                       f"'gae'); {self.advantage!r} uses one reward per sequence: keep the KL "
                       "as a loss term (kl_in_reward=False)")
@@ -173,4 +176,5 @@ class TrainerConfig:
 
     @property
     def uses_value_head(self) -> bool:
-        return self.advantage == "gae"
+        """The estimator reads value predictions (`register_advantage(..., needs_values=True)`)."""
+        return algos.advantage_spec(self.advantage).needs_values

@@ -1,0 +1,264 @@
+"""Device benchmark: the engine's decode and prefill kernels and a train step on a GPU or TPU.
+
+Model: Qwen3-0.6B-shaped (`ModelConfig.qwen3_0_6b()`), random weights, bfloat16. Figures:
+
+* decode_tokens_per_s_b{B}_ctx{C} — the engine's fused decode kernel (`decode_steps`, 8 steps
+  per call, the default) over B slots whose sequences sit at C tokens (the cache holds C + 64
+  positions; the attention span is the engine's bucket covering them). Timed after a warm-up
+  call; the host fetches each call's tokens, as the engine does. B in (64, 256), C in (1k, 8k).
+* decode_roofline_frac_b{B}_ctx{C} — achieved HBM traffic over the device's bandwidth, the
+  traffic of one step being every weight once (bf16) plus the K/V the step reads (B x span x
+  layers x 2 x K x H x 2 bytes). 1.0 is the memory-bandwidth limit of decoding.
+* A (B, C) whose KV cache does not fit the device is reported as `does_not_fit_b{B}_ctx{C}`
+  with the bytes it needs (256 x 8k x 112 KiB per token = 235 GB for this model).
+* prefill_mfu — the engine's prefill kernel (`prefill_chunk`) over 16 fresh rows of 1024
+  tokens: model FLOPs (2 x non-embedding params x tokens + LM head on the sampled rows +
+  causal attention) per second over the device's dense bf16 peak.
+* train_step_mfu — one jitted AdamW step (optax) of next-token cross-entropy through the
+  model's full-sequence forward, 8 x 1024 tokens: 3 x the forward FLOPs per second over peak.
+* engine_compiles (kernel compilations of the run), peak_device_memory_bytes.
+
+On CPU it prints why it skips and exits 0 (the last line is still JSON). `--cpu-smoke` runs
+the same code with a tiny model and shapes on any backend (a test of the script, not a figure).
+One command, under 5 minutes on one accelerator: `python benchmarks/device.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from agentax.engine import EngineConfig
+from agentax.engine._kernels import compiled_count, decode_steps, prefill_chunk
+from agentax.engine._runner import Runner
+from agentax.engine._sampling import RowSampling
+from agentax.models import ModelConfig, Transformer, kv_cache_bytes
+
+# Per-chip HBM bandwidth (bytes/s) and dense bf16 peak (FLOP/s), from the vendors' sheets.
+# Matched as substrings of `device.device_kind`, most specific first.
+DEVICES = (
+    ("H200", 4.8e12, 989e12),
+    ("H100 PCIe", 2.0e12, 756e12),
+    ("H100", 3.35e12, 989e12),
+    ("A100-SXM4-80GB", 2.039e12, 312e12),
+    ("A100", 1.555e12, 312e12),
+    ("L4", 0.3e12, 121e12),
+    ("TPU v6", 1.64e12, 918e12),
+    ("TPU v5p", 2.765e12, 459e12),
+    ("TPU v5 lite", 0.819e12, 197e12),
+    ("TPU v5e", 0.819e12, 197e12),
+    ("TPU v4", 1.2e12, 275e12),
+)
+DECODE_STEPS = 8
+
+
+def device_peaks(device, hbm_bytes_s: float | None, peak_flops: float | None):
+    """(bandwidth, peak FLOP/s, matched name) for `device`; command-line values win."""
+    kind = getattr(device, "device_kind", "")
+    for name, bw, flops in DEVICES:
+        if name.lower() in kind.lower():
+            return hbm_bytes_s or bw, peak_flops or flops, name
+    return hbm_bytes_s, peak_flops, None
+
+
+def param_counts(model) -> tuple[int, int]:
+    """(all parameters, parameters outside the embedding table)."""
+    state = nnx.state(model, nnx.Param)
+    total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state))
+    embed = int(np.prod(model.embed.embedding.shape))
+    return total, total - embed
+
+
+def kv_bytes_per_token(cfg: ModelConfig) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+
+
+def forward_flops(cfg: ModelConfig, body_params: int, rows: int, tokens: int,
+                  logits_rows: int) -> float:
+    """Model FLOPs of a causal forward over rows x tokens (matmuls only)."""
+    dense = 2.0 * body_params * rows * tokens
+    head = 2.0 * cfg.hidden_size * cfg.vocab_size * logits_rows
+    # QK^T and PV, causal: each of the two is 2 * N * H * T^2 / 2 per row and layer.
+    attn = 2.0 * cfg.num_layers * rows * cfg.num_heads * cfg.head_dim * tokens * tokens
+    return dense + head + attn
+
+
+def bench_decode(model, batch: int, ctx: int, calls: int, hbm: float | None,
+                 weight_bytes: int, free_bytes: int | None) -> dict:
+    cfg = model.config
+    seq_len = ctx + 64
+    need = kv_cache_bytes(cfg, batch, seq_len)
+    key = f"b{batch}_ctx{ctx // 1024}k" if ctx >= 1024 else f"b{batch}_ctx{ctx}"
+    if free_bytes is not None and need + weight_bytes > 0.9 * free_bytes:
+        return {f"does_not_fit_{key}": need}
+    config = EngineConfig(max_slots=batch, max_seq_len=seq_len, decode_steps_per_call=DECODE_STEPS)
+    runner = Runner(model, config)
+    span = config.attend_bucket(ctx)
+    state = np.stack([
+        np.ones(batch, np.int32),  # pending token
+        np.full(batch, ctx - DECODE_STEPS * (calls + 1), np.int32),  # positions: end near ctx
+        np.ones(batch, np.int32),  # all active
+        np.full(batch, 1 << 30, np.int32),  # no budget stop
+    ])
+    sampling = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
+                           jnp.zeros(batch, jnp.uint32))
+    stop = jnp.full((batch, config.max_stop_ids), -1, jnp.int32)
+
+    def call(state):
+        out_tok, _, counts, runner.cache = decode_steps(
+            runner.model_def, runner.weights, runner.cache, jnp.asarray(state), sampling, stop,
+            DECODE_STEPS, span)
+        tok, counts = jax.device_get((out_tok, counts))
+        state = state.copy()
+        state[0], state[1] = tok[:, -1], state[1] + counts
+        return state
+
+    state = call(state)  # compiles
+    t = time.perf_counter()
+    for _ in range(calls):
+        state = call(state)
+    dt = time.perf_counter() - t
+    steps = calls * DECODE_STEPS
+    tokens_per_s = batch * steps / dt
+    kv_read = batch * span * kv_bytes_per_token(cfg)
+    out = {f"decode_tokens_per_s_{key}": tokens_per_s, f"decode_ms_per_step_{key}": 1e3 * dt / steps,
+           f"decode_bytes_per_step_{key}": weight_bytes + kv_read}
+    if hbm:
+        out[f"decode_roofline_frac_{key}"] = (weight_bytes + kv_read) * steps / dt / hbm
+    del runner
+    return out
+
+
+def bench_prefill(model, rows: int, tokens: int, reps: int, peak: float | None,
+                  body_params: int) -> dict:
+    cfg = model.config
+    config = EngineConfig(max_slots=rows, max_seq_len=tokens + 64, prefill_chunk=tokens,
+                          min_prefill_bucket=tokens)
+    runner = Runner(model, config)
+    ids = jnp.ones((rows, tokens), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (rows, tokens))
+    slots, last = jnp.arange(rows, dtype=jnp.int32), jnp.full((rows,), tokens - 1, jnp.int32)
+    sampling = RowSampling(jnp.ones(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
+                           jnp.zeros(rows, jnp.uint32))
+    span = config.attend_bucket(tokens)
+
+    def call():
+        tok, _, runner.cache = prefill_chunk(runner.model_def, runner.weights, runner.cache, ids,
+                                             positions, slots, last, sampling, span)
+        return jax.device_get(tok)
+
+    call()
+    t = time.perf_counter()
+    for _ in range(reps):
+        call()
+    dt = (time.perf_counter() - t) / reps
+    flops = forward_flops(cfg, body_params, rows, tokens, logits_rows=rows)
+    out = {"prefill_tokens_per_s": rows * tokens / dt, "prefill_tflops": flops / dt / 1e12}
+    if peak:
+        out["prefill_mfu"] = flops / dt / peak
+    return out
+
+
+def bench_train(model, rows: int, tokens: int, reps: int, peak: float | None,
+                body_params: int) -> dict:
+    cfg = model.config
+    graphdef, params = nnx.split(model, nnx.Param)
+    opt = optax.adamw(1e-5)
+    opt_state = opt.init(params)
+
+    @jax.jit
+    def step(params, opt_state, ids):
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(ids[:, :-1])  # [B, T, V] float32
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    ids = jax.random.randint(jax.random.key(0), (rows, tokens + 1), 0, cfg.vocab_size)
+    params, opt_state, loss = step(params, opt_state, ids)
+    float(loss)
+    t = time.perf_counter()
+    for _ in range(reps):
+        params, opt_state, loss = step(params, opt_state, ids)
+    float(loss)
+    dt = (time.perf_counter() - t) / reps
+    flops = 3.0 * forward_flops(cfg, body_params, rows, tokens, logits_rows=rows * tokens)
+    out = {"train_tokens_per_s": rows * tokens / dt, "train_tflops": flops / dt / 1e12,
+           "train_loss_finite": bool(np.isfinite(float(loss)))}
+    if peak:
+        out["train_step_mfu"] = flops / dt / peak
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hbm-gbps", type=float, default=None,
+                        help="device memory bandwidth in GB/s (default: looked up by device kind)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="dense bf16 peak in TFLOP/s (default: looked up by device kind)")
+    parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    if device.platform == "cpu" and not args.cpu_smoke:
+        msg = "no GPU or TPU found (JAX backend: cpu); this benchmark needs an accelerator"
+        print(f"benchmarks/device.py: skipped: {msg}", flush=True)
+        out = {"skipped": msg}
+        print(json.dumps(out))
+        return out
+
+    hbm = args.hbm_gbps * 1e9 if args.hbm_gbps else None
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else None
+    if args.cpu_smoke:  # the script's logic on tiny shapes; figures mean nothing
+        cfg = ModelConfig.tiny(dtype="bfloat16", param_dtype="bfloat16")
+        shapes = dict(batches=(4, 8), contexts=(128, 512), calls=2, prefill=(2, 64),
+                      train=(2, 64), reps=1)
+        hbm, peak = hbm or 1e11, peak or 1e12
+    else:
+        cfg = ModelConfig.qwen3_0_6b()
+        shapes = dict(batches=(64, 256), contexts=(1024, 8192), calls=8, prefill=(16, 1024),
+                      train=(8, 1024), reps=5)
+        hbm, peak, matched = device_peaks(device, hbm, peak)
+        if matched is None:
+            print(f"unknown device kind '{device.device_kind}': pass --hbm-gbps and "
+                  "--peak-tflops for the roofline and MFU figures", flush=True)
+    t0 = time.perf_counter()
+    compiles0 = compiled_count()
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    total, body = param_counts(model)
+    weight_bytes = total * jnp.dtype(cfg.param_dtype).itemsize
+    stats = device.memory_stats() or {}
+    free = stats.get("bytes_limit")
+    out: dict = {"device": str(getattr(device, "device_kind", device.platform)),
+                 "model": "tiny (cpu smoke)" if args.cpu_smoke else "qwen3-0.6b shape, random bf16",
+                 "params": total, "hbm_bytes_per_s": hbm, "peak_flops": peak}
+    for batch in shapes["batches"]:
+        for ctx in shapes["contexts"]:
+            out.update(bench_decode(model, batch, ctx, shapes["calls"], hbm, weight_bytes, free))
+            print(json.dumps({k: v for k, v in out.items() if f"b{batch}_" in k}), flush=True)
+    out.update(bench_prefill(model, *shapes["prefill"], shapes["reps"], peak, body))
+    out.update(bench_train(model, *shapes["train"], shapes["reps"], peak, body))
+    out["engine_compiles"] = compiled_count() - compiles0
+    out["peak_device_memory_bytes"] = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    out["wall_s"] = time.perf_counter() - t0
+    if not args.cpu_smoke:
+        path = Path(__file__).parent / "results" / "device.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,198 @@
+"""Black-box SDK agent over the OpenAI endpoint vs the native ToolAgent, same engine and task.
+
+Workload: the calculator task (tool listed in the prompt, at most 3 model calls an episode) on
+the demo's model (~0.3M parameters, byte vocabulary), one real `Engine` (32 slots) shared by
+both modes, the same `Collector` limits and sampling (temperature 1, ≤ 64 tokens a call).
+32 episodes run concurrently in each mode. Native: `ToolAgent` + `ToolEnvironment`, the
+collector calls the engine directly. Black box: `agentax.recipes.openai_calculator`, a plain
+`openai.AsyncOpenAI` tool loop, through `OpenAIAgentEnvironment` (HTTP on loopback, in the same
+process and event loop). The full run warm-starts the model with SFT on the calculator
+demonstrations first, so that episodes are multi-turn (tool call, result, answer) like the
+trained demo's; `--quick` uses the untrained model (most episodes end after one call).
+The modes alternate in pairs after a warm-up that compiles every kernel; figures are medians.
+
+Figures (last line, JSON):
+  black_box_over_native   trajectories/s of the black-box agent over the native one (goal ≥ 0.8)
+  added_ms_p50 / _p99     per model call: the SDK client's round trip minus the engine's own
+                          time for that call (submission to completion), in ms
+  native_traj_per_s, black_box_traj_per_s, calls_per_episode_native / _black_box
+
+Usage: python benchmarks/openai_endpoint.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from flax import nnx
+
+from agentax.agents import ToolAgent
+from agentax.engine import Engine, EngineConfig
+from agentax.envs import ToolEnvironment
+from agentax.models import ModelConfig, Transformer
+from agentax.records import SamplingParams
+from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks, openai_calculator
+from agentax.rollout import Collector, CollectorConfig
+from agentax.serve import OpenAIAgentEnvironment
+from agentax.text import ByteTokenizer, render_conversation
+from agentax.tools import calculator
+from agentax.train import SFTTrainer, TrainerConfig
+
+MODEL = ModelConfig.tiny(num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4,
+                         num_kv_heads=2, head_dim=32)
+ENGINE = EngineConfig(max_slots=32, max_seq_len=384, prefill_chunk=64, min_prefill_bucket=32,
+                      decode_steps_per_call=8, precompile=True)
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=64)
+LIMITS = CollectorConfig(max_turns=3, max_episode_tokens=360, model_timeout_s=120,
+                         episode_timeout_s=300)
+CONCURRENCY = 32
+SCHEMA = openai_calculator.CALCULATOR_TOOL["function"]
+
+
+def compact_calculator():
+    """The native agent's calculator with the SDK agent's schema (identical prompts)."""
+    return dataclasses.replace(calculator, description=SCHEMA["description"],
+                               parameters=SCHEMA["parameters"])
+
+
+def warm_start(model, tok, steps: int, seed: int = 0):
+    """SFT on the sloppy calculator demonstrations, rendered with the tool listed."""
+    tasks = calculator_tasks(1024, seed=seed + 100)
+    schema = [compact_calculator().schema()]
+    examples = []
+    for conv in calculator_demos(tasks, seed=seed):
+        r = render_conversation(tok, conv, tools=schema)
+        examples.append((r.token_ids, r.assistant_mask))
+    trainer = SFTTrainer(model, TrainerConfig(learning_rate=3e-3, warmup_steps=10, micro_batch_size=48,
+                                              max_seq_len=384, min_seq_bucket=64,
+                                              agg_mode="token-mean", off_policy="none"))
+    for i in range(steps):
+        trainer.step([examples[(i * 48 + j) % len(examples)] for j in range(48)])
+    return trainer.export_model()
+
+
+class TimedEnv(OpenAIAgentEnvironment):
+    """The recipe's SDK agent with its client's per-call round trips recorded."""
+
+    calls_ms: dict[str, list[float]] = {}
+
+    def __init__(self):
+        async def timed(client, task):
+            create = client.chat.completions.create
+
+            async def wrapped(**kw):
+                t = time.perf_counter()
+                out = await create(**kw)
+                TimedEnv.calls_ms.setdefault(task.id, []).append((time.perf_counter() - t) * 1e3)
+                return out
+
+            client.chat.completions.create = wrapped
+            return await openai_calculator.calculator_agent(client, task)
+
+        super().__init__(timed, reward_fn=calculator_reward)
+
+
+async def run_mode(collector, tasks, n: int, offset: int):
+    queue = list(range(n))
+    out = []
+
+    async def worker():
+        while queue:
+            i = queue.pop()
+            task = tasks[(offset + i) % len(tasks)]
+            out.append(await collector.run_episode(task, seed=offset + i))
+
+    t = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return out, time.perf_counter() - t
+
+
+def added_ms(trajs) -> list[float]:
+    """Client round trip minus the engine's time, call by call (turns are in call order)."""
+    out = []
+    for tr in trajs:
+        client = TimedEnv.calls_ms.get(tr.task_id, [])
+        if len(client) == len(tr.turns):
+            out += [c - t.completion.total_time_s * 1e3 for c, t in zip(client, tr.turns)]
+    return out
+
+
+async def measure(engine, tok, tasks, episodes: int, pairs: int) -> dict:
+    native = Collector(engine, tok, lambda: ToolEnvironment([compact_calculator()], calculator_reward,
+                                                            max_steps=3),
+                       lambda: ToolAgent([compact_calculator()], system_prompt=""), SAMPLING, LIMITS)
+    black = Collector(engine, tok, TimedEnv, lambda: ToolAgent([compact_calculator()]), SAMPLING,
+                      LIMITS)
+    await run_mode(native, tasks, CONCURRENCY, 10_000)  # warm-up: compile, start the endpoint
+    await run_mode(black, tasks, CONCURRENCY, 20_000)
+    ratios, rates = [], {"native": [], "black_box": []}
+    calls = {"native": [], "black_box": []}
+    added: list[float] = []
+    statuses: dict[str, int] = {}
+    for p in range(pairs):
+        order = [("native", native), ("black_box", black)]
+        if p % 2:
+            order.reverse()
+        got = {}
+        for name, col in order:
+            TimedEnv.calls_ms = {}
+            trajs, wall = await run_mode(col, tasks, episodes, p * episodes)
+            got[name] = len(trajs) / wall
+            calls[name].append(sum(len(t.turns) for t in trajs) / len(trajs))
+            for t in trajs:
+                statuses[f"{name}:{t.status.value}"] = statuses.get(f"{name}:{t.status.value}", 0) + 1
+            if name == "black_box":
+                added += added_ms(trajs)
+        for k, v in got.items():
+            rates[k].append(v)
+        ratios.append(got["black_box"] / got["native"])
+    return {
+        "black_box_over_native": round(statistics.median(ratios), 3),
+        "added_ms_p50": round(float(np.percentile(added, 50)), 2) if added else None,
+        "added_ms_p99": round(float(np.percentile(added, 99)), 2) if added else None,
+        "native_traj_per_s": round(statistics.median(rates["native"]), 2),
+        "black_box_traj_per_s": round(statistics.median(rates["black_box"]), 2),
+        "calls_per_episode_native": round(statistics.mean(calls["native"]), 2),
+        "calls_per_episode_black_box": round(statistics.mean(calls["black_box"]), 2),
+        "pair_ratios": [round(r, 3) for r in ratios],
+        "statuses": statuses,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="untrained model, 1 pair of 32 episodes")
+    args = ap.parse_args()
+    tok = ByteTokenizer()
+    model = Transformer(MODEL, rngs=nnx.Rngs(0))
+    t0 = time.perf_counter()
+    sft_steps = 0 if args.quick else 120
+    if sft_steps:
+        model = warm_start(model, tok, sft_steps)
+    sft_s = time.perf_counter() - t0
+    engine = Engine(model, ENGINE, eos_token_ids=tok.eos_token_ids, tokenizer=tok)
+    tasks = calculator_tasks(4096, seed=7)
+    try:
+        episodes, pairs = (32, 1) if args.quick else (256, 5)
+        out = asyncio.run(measure(engine, tok, tasks, episodes, pairs))
+    finally:
+        engine.shutdown()
+    out.update(episodes_per_mode=episodes, pairs=pairs, concurrency=CONCURRENCY,
+               sft_steps=sft_steps, sft_s=round(sft_s, 1), load=os.getloadavg()[0])
+    if not args.quick:
+        os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+        with open(os.path.join(os.path.dirname(__file__), "results", "openai_endpoint.json"), "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The engine's device runner: weights, KV cache and the jitted kernels.
+
+It executes the scheduler's plans (`_scheduler.py`) and knows nothing about requests. Only
+the engine's step thread calls it (except `stage_weights`, safe from any thread).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentax.engine._config import EngineConfig
+from agentax.engine._kernels import ModelDef, compiled_count, decode_steps, prefill_chunk
+from agentax.engine._sampling import RowSampling
+from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
+from agentax.models import init_cache, kv_cache_bytes
+
+__all__ = ["Runner"]
+
+
+class Runner:
+    """Holds the weights and the cache of one engine and runs its kernels.
+
+    Args:
+      model: the `Transformer` whose weights are used (never donated).
+      config: the engine's sizes.
+    """
+
+    def __init__(self, model: nnx.Module, config: EngineConfig):
+        self.config = cfg = config
+        graphdef, state = nnx.split(model)
+        weights, treedef = jax.tree.flatten(state)
+        self.model_def = ModelDef(graphdef, treedef)
+        # Committed to their devices: jit keys its cache on committedness, so weights from a
+        # trainer (always committed) would otherwise recompile every kernel on first use.
+        self.weights = [jax.device_put(w, w.sharding) for w in weights]
+        device = next(iter(self.weights[0].devices()))
+        # The cache too: an uncommitted first cache compiled the first prefill shape twice
+        # (once for the fresh cache, once for the committed one the kernel returns).
+        self.cache = jax.device_put(
+            init_cache(model.config, cfg.max_slots, cfg.max_seq_len, dtype=cfg.cache_dtype),
+            device,
+        )
+        self.kv_cache_bytes = kv_cache_bytes(
+            model.config, cfg.max_slots, cfg.max_seq_len, dtype=cfg.cache_dtype
+        )
+        self._sampling_version = -1
+        self._sampling_dev: tuple[RowSampling, jax.Array] | None = None
+        self._pending: tuple[list, int] | None = None
+        self._pending_lock = threading.Lock()
+        self.compile_s = 0.0
+        """Wall time of kernel calls that compiled (precompile included)."""
+
+    # ------------------------------------------------------------------ weights
+
+    def check_and_place(self, leaves, treedef) -> list:
+        if treedef != self.model_def.treedef or len(leaves) != len(self.weights):
+            raise ValueError(
+                "update_weights: the state's tree differs from the engine's model; pass the "
+                "state from nnx.split(model) of the same architecture"
+            )
+        for new, old in zip(leaves, self.weights):
+            if new.shape != old.shape:
+                raise ValueError(f"update_weights: shape {new.shape} != engine's {old.shape}")
+        # Onto the engine's own placement (a no-op when already there), so the compiled
+        # kernels are reused whatever device or committedness the new arrays had.
+        return [jax.device_put(new, old.sharding) for new, old in zip(leaves, self.weights)]
+
+    def stage_weights(self, leaves: list, version: int) -> None:
+        """Queues new weights; `apply_staged` swaps them in (safe from any thread)."""
+        with self._pending_lock:
+            self._pending = (list(leaves), int(version))
+
+    def apply_staged(self) -> int | None:
+        """Swaps in staged weights; returns their version (None if nothing was staged)."""
+        if self._pending is None:
+            return None
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        self.weights, version = pending
+        return version
+
+    # ------------------------------------------------------------------ kernels
+
+    def _timed(self, fn, *args):
+        before = compiled_count()
+        t = time.perf_counter()
+        out = fn(*args)
+        if compiled_count() != before:  # compiling happens inside the call, before dispatch
+            self.compile_s += time.perf_counter() - t
+        return out
+
+    def prefill(self, plan: PrefillPlan):
+        """Runs one prefill call; returns device arrays (tokens [R], logprobs [R])."""
+        sampling = RowSampling(*(jnp.asarray(a) for a in plan.sampling_r))
+        token, logprob, self.cache = self._timed(
+            prefill_chunk, self.model_def, self.weights, self.cache,
+            jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
+            jnp.asarray(plan.slots_r), jnp.asarray(plan.last_r), sampling, plan.attend_len,
+        )
+        return token, logprob
+
+    def decode(self, plan: DecodePlan, sched: Scheduler):
+        """Runs one decode call; returns host arrays (tokens [S, N], logprobs [S, N], counts [S])."""
+        if self._sampling_version != sched.sampling_version:
+            # Per-slot settings change only when a request starts: re-sent then, not per call.
+            self._sampling_dev = (
+                RowSampling(jnp.asarray(sched.temperature), jnp.asarray(sched.top_k),
+                            jnp.asarray(sched.top_p), jnp.asarray(sched.seed)),
+                jnp.asarray(sched.stop_table),
+            )
+            self._sampling_version = sched.sampling_version
+        sampling, stop_table = self._sampling_dev
+        out_tok, out_lp, counts, self.cache = self._timed(
+            decode_steps, self.model_def, self.weights, self.cache, jnp.asarray(plan.state_4s),
+            sampling, stop_table, plan.steps, plan.attend_len,
+        )
+        return jax.device_get((out_tok, out_lp, counts))
+
+    def precompile(self) -> None:
+        """Compiles decode at every attention span and prefill at every (row bucket, chunk
+        bucket, span that holds the chunk), on inputs that write nothing."""
+        cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
+        for span in cfg.attend_buckets:
+            state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
+            ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
+            sampling = RowSampling(ones, zeros, ones, jnp.zeros((s,), jnp.uint32))
+            *_, self.cache = self._timed(
+                decode_steps, self.model_def, self.weights, self.cache, jnp.asarray(state),
+                sampling, jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
+                cfg.decode_steps_per_call, span,
+            )
+        for r in cfg.prefill_row_buckets:
+            zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
+            sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
+            for c in cfg.prefill_buckets:
+                for span in (b for b in cfg.attend_buckets if b >= min(c, t_max)):
+                    *_, self.cache = self._timed(
+                        prefill_chunk, self.model_def, self.weights, self.cache,
+                        jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
+                        zeros, sampling, span,
+                    )
+        jax.block_until_ready(self.cache)

@@ -1,0 +1,115 @@
+"""Tasks and demonstrations from files, and the prompt-tool agent the byte-level recipes share."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from agentax.agents import ToolAgent
+from agentax.records import Message, Task
+
+__all__ = ["PromptToolAgent", "load_demos_jsonl", "load_tasks"]
+
+
+class PromptToolAgent(ToolAgent):
+    """A `ToolAgent` that can leave the tool schemas out of the prompt (`list_tools=False`).
+
+    Calls are still parsed and checked against the offered tools; only the chat template's
+    tool section is skipped, which keeps byte-level prompts short for the tiny demo model.
+    """
+
+    def __init__(self, tools: Any, *, list_tools: bool = True, **kwargs: Any) -> None:
+        super().__init__(tools, **kwargs)
+        self.list_tools = list_tools
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return super().tools if self.list_tools else None
+
+
+_GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.S)
+
+
+def _rows(path: str) -> list[tuple[int, Any]]:
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), "
+                             "or give the tasks as JSONL") from None
+        return list(enumerate(pq.read_table(path).to_pylist(), 1))
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    return rows
+
+
+def load_tasks(path: str | os.PathLike, *, limit: int = 0, prefix: str = "task") -> list[Task]:
+    """Tasks from a JSONL file (one object a line) or a Parquet file (one row each).
+
+    A row needs a prompt ('prompt', or 'question' / 'problem') and may have an 'answer' (or
+    'final_answer' / 'solution'; GSM8K's reasoning-then-'#### 42' keeps only the final
+    number), an 'id' and a 'meta' mapping; any other field also goes to `Task.meta`.
+
+    Raises:
+      FileNotFoundError / ValueError: the file is missing, empty, or a row lacks a prompt.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"task file {path!r} does not exist (tasks.train_file / tasks.eval_file)")
+    tasks: list[Task] = []
+    for lineno, row in _rows(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected an object, got {type(row).__name__}")
+        row = dict(row)
+        prompt = row.pop("prompt", None) or row.pop("question", None) or row.pop("problem", None)
+        if not isinstance(prompt, str):
+            raise ValueError(f"{path}:{lineno}: needs a string 'prompt' (or 'question')")
+        answer = next((row.pop(k) for k in ("final_answer", "answer", "solution") if k in row), None)
+        if answer is not None:
+            answer = str(answer)
+            m = _GSM8K_ANSWER.search(answer)
+            if m:
+                answer = m.group(1).replace(",", "")
+        task_id = str(row.pop("id", f"{prefix}-{lineno}"))
+        meta = {**dict(row.pop("meta", None) or {}), **row}
+        tasks.append(Task(id=task_id, prompt=prompt, answer=answer, meta=meta))
+        if limit and len(tasks) >= limit:
+            break
+    if not tasks:
+        raise ValueError(f"{path}: no tasks found")
+    return tasks
+
+
+def load_demos_jsonl(path: str | os.PathLike) -> list[list[Message]]:
+    """Chat demonstrations from JSONL: {"messages": [{"role", "content", ...}, ...]} a line."""
+    convs = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row.get("messages"), list):
+                raise ValueError(f"{path}:{lineno}: expected {{\"messages\": [...]}}")
+            convs.append([m if isinstance(m, Message) else _message(m) for m in row["messages"]])
+    return convs
+
+
+def _message(d: dict) -> Message:
+    from agentax.records import ToolCall
+
+    calls = tuple(
+        ToolCall(name=c["function"]["name"], arguments=c["function"].get("arguments", {}),
+                 id=c.get("id", ""))
+        for c in d.get("tool_calls", ()) or ()
+    )
+    return Message(role=d["role"], content=d.get("content") or "", tool_calls=calls,
+                   name=d.get("name"), tool_call_id=d.get("tool_call_id"))

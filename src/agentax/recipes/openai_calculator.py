@@ -1,0 +1,79 @@
+"""The calculator task as an agent written only against the `openai` SDK, trained unchanged.
+
+`calculator_agent(client, task)` is an ordinary OpenAI tool loop: it offers a `calculator`
+function, runs the calls the model makes with its own arithmetic, sends the results back, and
+stops at the first reply without a tool call. Nothing in it knows about agentax; `make_env`
+wraps it in an `OpenAIAgentEnvironment`, which points its `client` at the engine's endpoint
+and records each episode token-exactly. `calculator_openai.yaml` trains it with `agentax train`
+(see docs/openai.md); its prompts list the tool, so its warm start renders demonstrations with
+the same tool list (`agent.kwargs.list_tools: true`).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any
+
+from agentax.recipes._calculator import calculator_reward
+from agentax.serve import OpenAIAgentEnvironment
+
+__all__ = ["CALCULATOR_TOOL", "calculator_agent", "make_env"]
+
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluates arithmetic.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                       "required": ["expression"]},
+    },
+}
+"""The tool the agent offers (the same schema as the native demo's compact calculator)."""
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def _arithmetic(expression: str) -> str:
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("only + - * of integers")
+
+    try:
+        return str(ev(ast.parse(expression.strip(), mode="eval")))
+    except (SyntaxError, ValueError, RecursionError) as e:
+        return f"Error: {e}"
+
+
+async def calculator_agent(client: Any, task: Any, *, max_calls: int = 3) -> None:
+    """The SDK agent: a plain chat-completions tool loop (the reward is judged afterwards)."""
+    import json
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+    for _ in range(max_calls):
+        reply = await client.chat.completions.create(model="agentax", messages=messages,
+                                                     tools=[CALCULATOR_TOOL])
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return None
+        for call in message.tool_calls:
+            try:
+                expression = json.loads(call.function.arguments).get("expression", "")
+            except (json.JSONDecodeError, AttributeError):
+                expression = ""
+            result = _arithmetic(str(expression)) if call.function.name == "calculator" else \
+                f"Error: unknown tool {call.function.name}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return None
+
+
+def make_env(**kwargs: Any) -> OpenAIAgentEnvironment:
+    """The SDK agent as an environment; the reward is the calculator's exact-number check on
+    its last reply without a tool call."""
+    return OpenAIAgentEnvironment(calculator_agent, reward_fn=calculator_reward, **kwargs)

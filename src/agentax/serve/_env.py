@@ -1,0 +1,156 @@
+"""`OpenAIAgentEnvironment`: train an agent written against the OpenAI API, unchanged.
+
+The agent is a black box: an `async def run(client: openai.AsyncOpenAI, task) -> reward | None`
+or any program run as a subprocess with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set. It calls the
+model itself; this environment gives each episode its own session on the engine's endpoint
+(`ChatServer`, started once per engine on the collector's loop) and returns the session as the
+episode's `Trajectory` (see `agentax.serve._session` for the continuation rule).
+
+The `Collector` runs it like any environment (`env_factory`), through its episode-driver path:
+an environment with `drive_episode` runs the whole episode itself, within the collector's
+limits (episode timeout, model-call timeout, `max_turns`, `max_episode_tokens`, the run's
+sampling and per-episode seed), and the collector adds its reward stage, accounting and
+engine-sequence cleanup as for every episode. Weight updates apply mid-episode; each token
+carries the policy version that produced it.
+
+The reward, first that applies: the value `run` returns (not None); a `{"reward": x}` POSTed
+to `OPENAI_BASE_URL + "/reward"`; `reward_fn(task, final_answer)` on the last reply without a
+tool call; else 0 (and the collector's own `reward_fn` is added, as for any environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from agentax.envs import Environment, compute_reward
+from agentax.records import Action, SamplingParams, StepResult, Task, Trajectory, TrajectoryStatus
+from agentax.serve._server import shared_server
+from agentax.serve._session import SessionLimits
+
+__all__ = ["OpenAIAgentEnvironment"]
+
+_HTTP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""The shared HTTP client of each event loop (closing an episode's client would close it)."""
+
+AgentFn = Callable[[Any, Task], Awaitable[float | None]]
+
+
+class OpenAIAgentEnvironment(Environment):
+    """Runs a black-box OpenAI-API agent for one episode and records it token-exactly.
+
+    Args:
+      run: `async def run(client: openai.AsyncOpenAI, task) -> float | None`.
+      command: instead of `run`, a program (argv) run as a subprocess with OPENAI_BASE_URL,
+        OPENAI_API_KEY and AGENTAX_TASK (the task as JSON) in its environment.
+      reward_fn: `(task, final_answer) -> float` when neither `run` nor the program reports one.
+      tool_format: tool-call parser of the endpoint ("hermes", "llama3").
+      model: the model name the agent's client is told to use (informational).
+    """
+
+    reset_timeout_s = None
+    step_timeout_s = None
+
+    def __init__(self, run: AgentFn | None = None, *, command: Sequence[str] | None = None,
+                 reward_fn: Callable[[Task, str], Any] | None = None, tool_format: str = "hermes",
+                 model: str = "agentax") -> None:
+        super().__init__()
+        if (run is None) == (command is None):
+            raise ValueError("OpenAIAgentEnvironment needs exactly one of run=async fn or command=[argv]")
+        if run is not None and not asyncio.iscoroutinefunction(run):
+            raise TypeError("run must be an async function: async def run(client, task) -> reward | None")
+        self.run_fn, self.command = run, list(command) if command else None
+        self.reward_fn, self.tool_format, self.model = reward_fn, tool_format, model
+
+    async def _reset(self, task: Task) -> str:
+        raise RuntimeError("OpenAIAgentEnvironment drives its own episode: run it through "
+                           "agentax.rollout.Collector (env_factory), not reset/step")
+
+    async def _step(self, action: Action) -> StepResult:
+        raise RuntimeError("OpenAIAgentEnvironment drives its own episode; see reset()")
+
+    async def drive_episode(self, engine: Any, tokenizer: Any, task: Task, *,
+                            sampling: SamplingParams, config: Any,
+                            template_kwargs: Mapping[str, Any] | None = None) -> Trajectory:
+        """Runs the agent against a fresh session; never raises except on cancellation.
+
+        Args:
+          engine / tokenizer: the run's engine and tokenizer.
+          task: the episode's task.
+          sampling: the run's sampling with this episode's seed (governs every call).
+          config: the collector's `CollectorConfig` (timeouts and budgets).
+          template_kwargs: chat-template variables of the run.
+        """
+        t0 = time.perf_counter()
+        server = await shared_server(engine, tokenizer, tool_format=self.tool_format,
+                                     template_kwargs=template_kwargs)
+        limits = SessionLimits(max_turns=config.max_turns, max_tokens=config.max_episode_tokens,
+                               model_timeout_s=config.model_timeout_s)
+        session = server.open_session(sampling=sampling, limits=limits)
+        status, reason, info = TrajectoryStatus.OK, "done", {}
+        returned = None
+        try:
+            returned = await asyncio.wait_for(self._run_agent(server.session_url(session), session.id,
+                                                             task, config), config.episode_timeout_s)
+        except TimeoutError:
+            status, reason = TrajectoryStatus.TIMEOUT, "episode_timeout"
+        except Exception as e:  # noqa: BLE001 - the agent's own failure is the episode's status
+            status, reason = TrajectoryStatus.ENV_ERROR, "agent_error"
+            info["error"] = f"{type(e).__name__}: {e}"[:500]
+        finally:
+            server.close_session(session)
+        if session.timed_out and status != TrajectoryStatus.TIMEOUT:
+            status, reason = TrajectoryStatus.TIMEOUT, "model_timeout"
+        elif session.truncated and status in (TrajectoryStatus.OK, TrajectoryStatus.ENV_ERROR):
+            status, reason = TrajectoryStatus.TRUNCATED, session.truncated
+        if status == TrajectoryStatus.OK and not session.counts["calls"]:
+            status, reason = TrajectoryStatus.ENV_ERROR, "no_model_call"
+        reward = 0.0
+        try:
+            if returned is not None:
+                reward = float(returned)
+            elif session.reward is not None:
+                reward = session.reward
+            elif self.reward_fn is not None and status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED):
+                reward = await compute_reward(self.reward_fn, task, session.final_answer,
+                                              timeout_s=config.reward_timeout_s)
+        except Exception as e:  # noqa: BLE001 - a bad reward is a typed status, not a crash
+            status, reason = TrajectoryStatus.REWARD_ERROR, "reward_error"
+            info["error"] = f"{type(e).__name__}: {e}"[:500]
+        return session.trajectory(reward, status, task_id=task.id,
+                                  info={"reason": reason, "turns": session.counts["calls"], **info},
+                                  timings={"agent_s": time.perf_counter() - t0})
+
+    async def _run_agent(self, base_url: str, api_key: str, task: Task, config: Any) -> float | None:
+        if self.run_fn is not None:
+            import openai
+
+            # One HTTP connection pool per event loop for every episode: a fresh client per
+            # episode costs ~70 ms of TLS-context setup alone (even for plain http).
+            http = _HTTP.get(asyncio.get_running_loop())
+            if http is None:
+                http = _HTTP[asyncio.get_running_loop()] = openai.DefaultAsyncHttpxClient()
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
+                                        timeout=config.model_timeout_s, http_client=http)
+            return await self.run_fn(client, task)
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
+               "AGENTAX_TASK": json.dumps({"id": task.id, "prompt": task.prompt, "answer": task.answer,
+                                           "meta": dict(task.meta)}, default=str)}
+        proc = await asyncio.create_subprocess_exec(*self.command, env=env,
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
+        try:
+            _, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-1:] if err else []
+            raise RuntimeError(f"agent program exited with {proc.returncode}: {' '.join(tail)}")
+        return None

@@ -1,0 +1,303 @@
+"""The OpenAI chat-completions wire format: request validation and response bodies.
+
+`parse_chat_request(body)` turns a JSON body into a `ChatRequest` or raises `APIError` (an
+OpenAI-style error: HTTP status, message, `param`, `type`). Every field the endpoint does not
+implement is rejected by name, never silently ignored. The response helpers build the
+`chat.completion` object and the `chat.completion.chunk` stream events from one `Choice`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentax.records import Message, ToolCall
+
+__all__ = [
+    "APIError",
+    "ChatRequest",
+    "Choice",
+    "completion_body",
+    "error_body",
+    "parse_chat_request",
+    "stream_events",
+]
+
+SUPPORTED_FIELDS = frozenset({
+    "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
+    "max_completion_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "stream",
+    "stream_options",
+})
+MAX_N = 16
+MAX_STOP = 4
+
+
+class APIError(Exception):
+    """An error answered with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+
+def error_body(err: APIError) -> dict[str, Any]:
+    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChatRequest:
+    """A validated chat-completions request."""
+
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] | None = None
+    """Tool schemas (OpenAI function form) rendered into the prompt; None when none or tool_choice='none'."""
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    seed: int | None = None
+    logprobs: bool = False
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _number(body: Mapping, key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise _bad(f"{key} must be a number in [{lo}, {hi}], got {v!r}", key)
+    return float(v)
+
+
+def _integer(body: Mapping, key: str, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise _bad(f"{key} must be an integer {rng}, got {v!r}", key)
+    return v
+
+
+def _text_content(content: Any, param: str) -> str:
+    """A message's content: a string, None, or a list of text parts (joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise _bad(f"{param}[{j}]: only text content parts are supported, got {kind!r}", param)
+            out.append(part["text"])
+        return "".join(out)
+    raise _bad(f"{param} must be a string or a list of text parts", param)
+
+
+def _tool_call(raw: Any, param: str) -> ToolCall:
+    fn = raw.get("function") if isinstance(raw, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise _bad(f"{param} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}", param)
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except json.JSONDecodeError:
+            raise _bad(f"{param}.function.arguments is not valid JSON", param) from None
+    if not isinstance(args, Mapping):
+        raise _bad(f"{param}.function.arguments must be a JSON object", param)
+    return ToolCall(name=fn["name"], arguments=dict(args), id=str(raw.get("id") or ""))
+
+
+def _message(raw: Any, i: int) -> Message:
+    param = f"messages[{i}]"
+    if not isinstance(raw, Mapping):
+        raise _bad(f"{param} must be an object", param)
+    role = raw.get("role")
+    if role == "developer":
+        role = "system"
+    if role not in ("system", "user", "assistant", "tool"):
+        raise _bad(f"{param}.role must be system, developer, user, assistant or tool; got {role!r}", param)
+    unknown = set(raw) - {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+    if unknown:
+        raise _bad(f"{param} has unsupported field(s) {sorted(unknown)}", param)
+    calls: tuple[ToolCall, ...] = ()
+    if raw.get("tool_calls"):
+        if role != "assistant" or not isinstance(raw["tool_calls"], list):
+            raise _bad(f"{param}.tool_calls must be a list on an assistant message", param)
+        calls = tuple(_tool_call(c, f"{param}.tool_calls[{j}]") for j, c in enumerate(raw["tool_calls"]))
+    name = raw.get("name")
+    call_id = raw.get("tool_call_id")
+    if role == "tool" and not isinstance(call_id, str):
+        raise _bad(f"{param}: a tool message needs tool_call_id", param)
+    return Message(role=role, content=_text_content(raw.get("content"), f"{param}.content"),
+                   tool_calls=calls, name=name if isinstance(name, str) else None,
+                   tool_call_id=call_id if role == "tool" else None)
+
+
+def _tools(body: Mapping) -> tuple[dict[str, Any], ...] | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto")
+    if choice not in ("auto", "none"):
+        raise _bad("tool_choice must be 'auto' or 'none': the engine does not constrain decoding "
+                   "to force a call", "tool_choice")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise _bad("tools must be a list", "tools")
+    out = []
+    for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(t, Mapping) or t.get("type", "function") != "function" or \
+                not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise _bad(f"tools[{j}] must be {{'type': 'function', 'function': {{'name', ...}}}}", "tools")
+        out.append({"type": "function", "function": dict(fn)})
+    return tuple(out) if out and choice == "auto" else None
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validates a decoded JSON body.
+
+    Raises:
+      APIError: 400 naming the field that is missing, malformed or not supported.
+    """
+    if not isinstance(body, Mapping):
+        raise _bad("the request body must be a JSON object")
+    unknown = sorted(set(body) - SUPPORTED_FIELDS)
+    if unknown:
+        raise _bad(f"unsupported field(s) {unknown}; this endpoint supports {sorted(SUPPORTED_FIELDS)}",
+                   unknown[0], "unsupported_parameter")
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise _bad("messages must be a non-empty list", "messages")
+    messages = tuple(_message(m, i) for i, m in enumerate(raw_messages))
+    if messages[-1].role == "assistant":
+        raise _bad("the last message must not be an assistant message (continuing a partial "
+                   "assistant reply is not supported)", "messages")
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise _bad("give max_tokens or max_completion_tokens, not both", "max_tokens")
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1)
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop) and len(stop) <= MAX_STOP:
+        stop = tuple(stop)
+    else:
+        raise _bad(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
+    top_logprobs = _integer(body, "top_logprobs", 0, 20)
+    if top_logprobs:
+        raise _bad("top_logprobs > 0 is not supported: the engine returns the logprob of the "
+                   "sampled token only (use logprobs=true)", "top_logprobs", "unsupported_parameter")
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise _bad("logprobs must be a boolean", "logprobs")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad("stream must be a boolean", "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, Mapping) or set(opts) - {"include_usage"}:
+        raise _bad("stream_options supports only include_usage", "stream_options")
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise _bad("model must be a string", "model")
+    return ChatRequest(
+        model=model, messages=messages, tools=_tools(body),
+        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 1e-6, 1.0),
+        max_tokens=max_tokens, stop=stop, n=_integer(body, "n", 1, MAX_N) or 1,
+        seed=_integer(body, "seed", -(2**63), 2**63 - 1), logprobs=logprobs, stream=stream,
+        include_usage=bool(opts.get("include_usage", False)),
+    )
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Choice:
+    """One generated choice, ready to serialize."""
+
+    index: int
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"
+    logprobs: Sequence[tuple[str, float]] | None = None
+    """(token text, logprob) per generated token when the request asked for logprobs."""
+    completion_tokens: int = 0
+
+
+def _tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))}} for c in calls]
+
+
+def _logprobs_json(lp: Sequence[tuple[str, float]] | None) -> dict[str, Any] | None:
+    if lp is None:
+        return None
+    return {"content": [{"token": t, "logprob": float(v), "bytes": list(t.encode("utf-8")),
+                         "top_logprobs": []} for t, v in lp]}
+
+
+def completion_body(request_id: str, created: int, model: str, choices: Sequence[Choice],
+                    prompt_tokens: int) -> dict[str, Any]:
+    """The `chat.completion` object."""
+    completion_tokens = sum(c.completion_tokens for c in choices)
+    out_choices = []
+    for c in choices:
+        message: dict[str, Any] = {"role": "assistant", "content": c.content}
+        if c.tool_calls:
+            message["tool_calls"] = _tool_calls_json(c.tool_calls)
+        out_choices.append({"index": c.index, "message": message, "finish_reason": c.finish_reason,
+                            "logprobs": _logprobs_json(c.logprobs)})
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": out_choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def stream_events(request_id: str, created: int, model: str, choices: Sequence[Choice],
+                  prompt_tokens: int, include_usage: bool) -> list[str]:
+    """Server-sent events (`data: {...}\\n\\n`) of a `chat.completion.chunk` stream, ending in [DONE]."""
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+    def event(choice: dict[str, Any] | None, **extra: Any) -> str:
+        body = {**head, "choices": [choice] if choice is not None else [], **extra}
+        return f"data: {json.dumps(body)}\n\n"
+
+    out = []
+    for c in choices:
+        out.append(event({"index": c.index, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}))
+        if c.content:
+            out.append(event({"index": c.index, "delta": {"content": c.content},
+                              "logprobs": _logprobs_json(c.logprobs), "finish_reason": None}))
+        if c.tool_calls:
+            calls = [{"index": j, **call} for j, call in enumerate(_tool_calls_json(c.tool_calls))]
+            out.append(event({"index": c.index, "delta": {"tool_calls": calls},
+                              "logprobs": None if c.content else _logprobs_json(c.logprobs),
+                              "finish_reason": None}))
+        out.append(event({"index": c.index, "delta": {}, "logprobs": None,
+                          "finish_reason": c.finish_reason}))
+    if include_usage:
+        completion_tokens = sum(c.completion_tokens for c in choices)
+        out.append(event(None, usage={"prompt_tokens": prompt_tokens,
+                                      "completion_tokens": completion_tokens,
+                                      "total_tokens": prompt_tokens + completion_tokens}))
+    out.append("data: [DONE]\n\n")
+    return out

@@ -1,0 +1,283 @@
+"""`ChatServer`: the OpenAI-compatible HTTP endpoint, served in the engine's own process.
+
+Starlette routes on a uvicorn server that runs as a task on the caller's event loop (the
+collector's loop in training), so a request handler awaits `Engine.generate` directly: no
+thread hop, no second process. Routes, under `/v1` (sessions by API key) and under
+`/s/{session}/v1` (sessions by base-URL path):
+
+* `POST .../chat/completions` — chat completions (JSON or `stream=true` server-sent events);
+* `GET .../models` — the one served model;
+* `POST /s/{session}/v1/reward` — `{"reward": x}`: an agent program reports its reward.
+
+Bad requests get a 400 with an OpenAI-style error body; a body over `max_request_bytes` gets
+a 413 before it is parsed. A session serializes its own calls; other sessions are untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import secrets
+import socket
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from agentax.records import SamplingParams
+from agentax.serve._protocol import (
+    APIError,
+    completion_body,
+    error_body,
+    parse_chat_request,
+    stream_events,
+)
+from agentax.serve._session import Session, SessionLimits
+
+__all__ = ["ChatServer", "shared_server"]
+
+
+def _need_stack():
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(f"the OpenAI endpoint needs starlette and uvicorn ({e}); "
+                          "install them with `pip install 'agentax[serve]'`") from None
+
+
+class ChatServer:
+    """An OpenAI chat-completions endpoint backed by an `Engine`.
+
+    Args:
+      engine: the `agentax.engine.Engine` to generate with.
+      tokenizer: the model's tokenizer (chat template, tool-call markers).
+      model_name: the id `GET /v1/models` reports (requests may name any model).
+      tool_format: tool-call parser ("hermes", "llama3", or a registered one).
+      template_kwargs: extra chat-template variables.
+      host / port: where to listen (loopback by default; port 0 picks a free port).
+      open_sessions: create a session for any new API key or path (serving). False: only
+        sessions opened with `open_session` exist (training), others get a 404.
+      max_sessions: most open-on-demand sessions kept; the least recently used is closed.
+      max_request_bytes: largest request body accepted.
+      default_max_tokens: completion length when a serving request gives none.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, *, model_name: str = "agentax",
+                 tool_format: str = "hermes", template_kwargs: Mapping[str, Any] | None = None,
+                 host: str = "127.0.0.1", port: int = 0, open_sessions: bool = True,
+                 max_sessions: int = 1024, max_request_bytes: int = 4 << 20,
+                 default_max_tokens: int = 256) -> None:
+        _need_stack()
+        from agentax.text import get_tool_parser
+
+        get_tool_parser(tool_format)
+        self.engine, self.tokenizer = engine, tokenizer
+        self.model_name, self.tool_format = model_name, tool_format
+        self.template_kwargs = dict(template_kwargs or {})
+        self.host, self.port = host, port
+        self.open_sessions, self.max_sessions = open_sessions, max_sessions
+        self.max_request_bytes, self.default_max_tokens = max_request_bytes, default_max_tokens
+        self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
+        self._server: Any = None
+        self._prefix = secrets.token_hex(4)
+        self._request_ids = itertools.count(1)
+        self._task: asyncio.Task | None = None
+        self.url = ""
+        """`http://host:port` once started."""
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> str:
+        """Starts listening on the running loop; returns the server's URL."""
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):  # the host program owns the signal handlers
+                yield
+
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so, and without
+        # it every response (headers, then body) waits ~40 ms for the client's delayed ACK.
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET,
+                             socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
+                                timeout_keep_alive=30)
+        self._server = _Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the endpoint stopped while starting")
+            await asyncio.sleep(0.005)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{self.port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Closes every session and stops listening."""
+        for s in list(self._sessions.values()):
+            s.close()
+        self._sessions.clear()
+        if self._server is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 10.0)
+
+    async def __aenter__(self) -> ChatServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ sessions
+
+    def open_session(self, *, sampling: SamplingParams | None = None,
+                     limits: SessionLimits = SessionLimits()) -> Session:
+        """A new session with a fresh unguessable id; its base URL is `session_url(session)`."""
+        sid = f"{self._prefix}{secrets.token_urlsafe(9)}"
+        session = Session(sid, self.engine, self.tokenizer, tool_format=self.tool_format,
+                          template_kwargs=self.template_kwargs, sampling=sampling, limits=limits,
+                          default_max_tokens=self.default_max_tokens)
+        self._sessions[sid] = session
+        return session
+
+    def session_url(self, session: Session) -> str:
+        """The base URL an OpenAI client of this session uses (`.../s/{id}/v1`)."""
+        return f"{self.url}/s/{session.id}/v1"
+
+    def close_session(self, session: Session) -> None:
+        session.close()
+        self._sessions.pop(session.id, None)
+
+    def session(self, sid: str) -> Session | None:
+        return self._sessions.get(sid)
+
+    def _lookup(self, sid: str | None) -> Session:
+        if not sid:
+            raise APIError(401, "no session: give an API key (Authorization: Bearer KEY) or use "
+                           "a /s/{session}/v1 base URL", type="authentication_error")
+        s = self._sessions.get(sid)
+        if s is not None:
+            self._sessions.move_to_end(sid)
+            return s
+        if not self.open_sessions:
+            raise APIError(404, f"unknown session {sid[:16]!r}", code="session_not_found")
+        while len(self._sessions) >= self.max_sessions:
+            _, old = self._sessions.popitem(last=False)
+            old.close()
+        s = Session(sid, self.engine, self.tokenizer, tool_format=self.tool_format,
+                    template_kwargs=self.template_kwargs, default_max_tokens=self.default_max_tokens)
+        self._sessions[sid] = s
+        return s
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _build_app(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
+        def error(e: APIError) -> JSONResponse:
+            return JSONResponse(error_body(e), status_code=e.status)
+
+        def session_id(request) -> str | None:
+            sid = request.path_params.get("sid")
+            if sid:
+                return sid
+            auth = request.headers.get("authorization", "")
+            return auth[7:].strip() if auth.lower().startswith("bearer ") else None
+
+        async def read_json(request) -> Any:
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.max_request_bytes):
+                raise APIError(413, f"request body over {self.max_request_bytes} bytes")
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > self.max_request_bytes:
+                    raise APIError(413, f"request body over {self.max_request_bytes} bytes")
+            try:
+                return json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise APIError(400, f"the request body is not valid JSON ({e})") from None
+
+        async def chat(request):
+            try:
+                req = parse_chat_request(await read_json(request))
+                session = self._lookup(session_id(request))
+                choices, prompt_tokens = await session.complete(req)
+            except APIError as e:
+                return error(e)
+            except Exception as e:  # noqa: BLE001 - an engine failure answers this call only
+                return error(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
+            rid, created = f"chatcmpl-{self._prefix}-{next(self._request_ids)}", int(time.time())
+            model = req.model or self.model_name
+            if req.stream:
+                events = stream_events(rid, created, model, choices, prompt_tokens, req.include_usage)
+
+                async def gen():
+                    for ev in events:
+                        yield ev
+
+                return StreamingResponse(gen(), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            return JSONResponse(completion_body(rid, created, model, choices, prompt_tokens))
+
+        async def models(request):
+            return JSONResponse({"object": "list", "data": [
+                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentax"}]})
+
+        async def reward(request):
+            try:
+                body = await read_json(request)
+                value = body.get("reward") if isinstance(body, Mapping) else None
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise APIError(400, 'the body must be {"reward": <number>}', param="reward")
+                session = self._lookup(request.path_params["sid"])
+            except APIError as e:
+                return error(e)
+            session.reward = float(value)
+            return JSONResponse({"ok": True})
+
+        routes = []
+        for prefix in ("/v1", "/s/{sid}/v1"):
+            routes += [Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
+                       Route(f"{prefix}/models", models, methods=["GET"])]
+        routes.append(Route("/s/{sid}/v1/reward", reward, methods=["POST"]))
+        return Starlette(routes=routes)
+
+
+_SHARED: dict[tuple[int, int], tuple[Any, Any, ChatServer]] = {}
+
+
+async def shared_server(engine: Any, tokenizer: Any, *, tool_format: str = "hermes",
+                        template_kwargs: Mapping[str, Any] | None = None) -> ChatServer:
+    """The training endpoint of `engine` on the running loop, started on first use.
+
+    One server per (engine, event loop): every black-box episode of a run opens its session
+    on it. Sessions exist only when an episode opens them (`open_sessions=False`).
+    """
+    loop = asyncio.get_running_loop()
+    key = (id(engine), id(loop))
+    entry = _SHARED.get(key)
+    if entry is not None and entry[0]() is engine and entry[1]() is loop:
+        server = entry[2]
+    else:
+        server = ChatServer(engine, tokenizer, tool_format=tool_format,
+                            template_kwargs=template_kwargs, open_sessions=False)
+        _SHARED[key] = (weakref.ref(engine), weakref.ref(loop), server)
+        server._starting = loop.create_task(server.start())  # type: ignore[attr-defined]
+    await asyncio.shield(server._starting)  # type: ignore[attr-defined]
+    if server.tool_format != tool_format:
+        raise ValueError(f"the engine's endpoint parses {server.tool_format!r} tool calls; an "
+                         f"environment asked for {tool_format!r}: use one tool_format per run")
+    return server

@@ -1,0 +1,306 @@
+"""`Session`: one agent's conversation with the endpoint, recorded token-exactly.
+
+A session is one episode of one agent (its own API key or base-URL path). It keeps the engine
+sequence between calls and a `TrajectoryBuilder` per *segment*:
+
+* **Continuation rule.** A request continues the current segment when its tools are the same
+  and its messages start with exactly the previous request's messages followed by the
+  assistant message this endpoint returned (choice 0: same content, same tool calls), and add
+  at least one message after it. Only the templated tokens of the added messages are
+  prefilled (`Engine.generate(..., sequence_id=...)`); the generated ids, behaviour logprobs
+  and policy versions come from the engine and are never re-tokenized.
+* **Anything else is a history rewrite** (dropped or edited messages, changed tools, a
+  different choice picked after n > 1, a retried prompt): the segment is closed, the engine
+  sequence released, and a new segment starts from a fresh render. The trajectory records
+  the break (`info["segment_breaks"]`, earlier segments under `info["earlier_segments"]`).
+
+The trajectory of the session is its *last* segment: a token stream in which every token the
+model generated was generated in exactly that context. Earlier segments are kept whole in
+`info` (token ids, loss mask, logprobs, versions), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from agentax.agents import TrajectoryBuilder
+from agentax.engine import EngineClosed, PromptTooLong
+from agentax.records import (
+    Action,
+    Completion,
+    FinishReason,
+    Message,
+    SamplingParams,
+    ToolCall,
+    Trajectory,
+    TrajectoryStatus,
+)
+from agentax.serve._protocol import APIError, ChatRequest, Choice
+from agentax.text import parse_tool_calls
+
+__all__ = ["Session", "SessionLimits"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SessionLimits:
+    """Budgets of a training session (the collector's limits); None = no limit."""
+
+    max_turns: int | None = None
+    """Model calls (choice 0) per session."""
+    max_tokens: int | None = None
+    """Tokens of the current segment's stream (prompt + generated + observations)."""
+    model_timeout_s: float | None = None
+    """Limit of one engine call."""
+
+
+def _canonical(m: Message) -> tuple:
+    calls = tuple((c.id, c.name, json.dumps(dict(c.arguments), sort_keys=True)) for c in m.tool_calls)
+    return (m.role, m.content, calls, m.name if m.role == "tool" else None, m.tool_call_id)
+
+
+def _finish(reason: FinishReason) -> str:
+    if reason in (FinishReason.EOS, FinishReason.STOP):
+        return "stop"
+    if reason in (FinishReason.LENGTH, FinishReason.SLOT_FULL):
+        return "length"
+    raise APIError(500, f"the engine ended the completion with {reason.value}", type="server_error")
+
+
+class Session:
+    """One agent's session: serializes its calls, continues its engine sequence, records it.
+
+    Args:
+      session_id: the key (API key or path segment) that names the session.
+      engine: an `agentax.engine.Engine` (anything with `generate` / `release`).
+      tokenizer: the model's tokenizer (its chat template renders requests).
+      tool_format: tool-call parser name (`agentax.text.get_tool_parser`).
+      template_kwargs: extra chat-template variables.
+      sampling: in a training session, the run's sampling (temperature, top-p, top-k, seed and
+        max_tokens cap govern; a request's temperature/top_p are recorded, not applied). None
+        for a serving session: the request's values apply.
+      limits: budgets (training sessions).
+    """
+
+    def __init__(self, session_id: str, engine: Any, tokenizer: Any, *, tool_format: str = "hermes",
+                 template_kwargs: Mapping[str, Any] | None = None,
+                 sampling: SamplingParams | None = None, limits: SessionLimits = SessionLimits(),
+                 default_max_tokens: int = 256) -> None:
+        self.id = session_id
+        self.engine, self.tokenizer = engine, tokenizer
+        self.tool_format = tool_format
+        self.template_kwargs = dict(template_kwargs or {})
+        self.sampling, self.limits = sampling, limits
+        self.default_max_tokens = default_max_tokens
+        self.lock = asyncio.Lock()
+        self.closed = False
+        self.truncated: str | None = None
+        """Why the session's budget ran out (then further calls get a 400)."""
+        self.timed_out = False
+        """A model call ran past `limits.model_timeout_s`."""
+        self.reward: float | None = None
+        """A reward POSTed to the session's reward route."""
+        self.final_answer = ""
+        """Content of the latest reply that made no tool call."""
+        self.last_used = time.monotonic()
+        self._builder: TrajectoryBuilder | None = None
+        self._expected: list[tuple] | None = None
+        self._tools_key = ""
+        self._sequence_id: int | None = None
+        self._earlier: list[dict[str, Any]] = []
+        self._calls = 0
+        self._counts = {"calls": 0, "segment_breaks": 0, "parse_errors": 0, "sampling_overridden": 0}
+
+    # ------------------------------------------------------------------ requests
+
+    async def complete(self, req: ChatRequest) -> tuple[list[Choice], int]:
+        """Runs one chat-completions request; returns (choices, prompt tokens).
+
+        Raises:
+          APIError: a budget is spent, the prompt does not fit, or the engine failed.
+        """
+        async with self.lock:
+            if self.closed:
+                raise APIError(404, f"session {self.id!r} is closed", code="session_closed")
+            self.last_used = time.monotonic()
+            if self.truncated:
+                raise APIError(400, f"this episode's budget is spent ({self.truncated})",
+                               code="episode_budget_exhausted")
+            lim = self.limits
+            if lim.max_turns is not None and self._counts["calls"] >= lim.max_turns:
+                self.truncated = f"max_turns={lim.max_turns}"
+                raise APIError(400, f"this episode's budget is spent ({self.truncated})",
+                               code="episode_budget_exhausted")
+            prompt_ids = self._prompt(req)
+            builder = self._builder
+            assert builder is not None
+            params = self._params(req, builder.num_tokens)
+            context = None
+            if req.n > 1:  # the other choices start from the same context, on fresh sequences
+                context = builder.build(0.0, TrajectoryStatus.OK).token_ids
+            try:
+                completions = await self._generate(prompt_ids, params, req.n, context)
+            except BaseException:
+                self._break_segment()
+                raise
+            first = completions[0]
+            self._sequence_id = first.sequence_id
+            self._counts["calls"] += 1
+            reply = builder.add_completion(first)
+            choices = [self._choice(i, c, req, reply if i == 0 else None)
+                       for i, c in enumerate(completions)]
+            c0 = choices[0]
+            builder.record_step(Action(text=reply, tool_calls=c0.tool_calls,
+                                       final_answer=None if c0.tool_calls else (c0.content or "")))
+            if not c0.tool_calls:
+                self.final_answer = c0.content or ""
+            self._expected = [_canonical(m) for m in req.messages] + [_canonical(Message(
+                role="assistant", content=c0.content or "", tool_calls=c0.tool_calls))]
+            if first.finish_reason == FinishReason.SLOT_FULL:
+                self.truncated = "context_full"
+            elif lim.max_tokens is not None and builder.num_tokens >= lim.max_tokens:
+                self.truncated = f"max_episode_tokens={lim.max_tokens}"
+            return choices, int(context.shape[0]) if context is not None else builder.num_tokens - first.num_tokens
+
+    def _prompt(self, req: ChatRequest) -> np.ndarray:
+        """Ids to feed: the new messages' suffix on a continuation, else a fresh segment's prompt."""
+        tools_key = json.dumps(req.tools, sort_keys=True)
+        canon = [_canonical(m) for m in req.messages]
+        exp = self._expected
+        if (self._builder is not None and exp is not None and tools_key == self._tools_key
+                and len(canon) > len(exp) and canon[: len(exp)] == exp):
+            return self._builder.add_observation(list(req.messages[len(exp):]))
+        if self._builder is not None:
+            self._break_segment()
+        self._builder = TrajectoryBuilder(self.tokenizer, tools=req.tools,
+                                          template_kwargs=self.template_kwargs)
+        self._tools_key = tools_key
+        return self._builder.start(list(req.messages))
+
+    def _break_segment(self) -> None:
+        """Closes the current segment (kept in info) and releases its engine sequence."""
+        if self._sequence_id is not None:
+            self.engine.release(self._sequence_id)
+            self._sequence_id = None
+        if self._builder is not None and self._builder.num_tokens:
+            t = self._builder.build(0.0, TrajectoryStatus.OK)
+            if t.num_generated:
+                # A serving session (no episode end) only counts its breaks: kept arrays would
+                # grow without bound over a long-lived key.
+                if self.sampling is not None:
+                    self._earlier.append({"token_ids": t.token_ids, "loss_mask": t.loss_mask,
+                                          "logprobs": t.logprobs, "versions": t.versions})
+                self._counts["segment_breaks"] += 1
+        self._builder, self._expected = None, None
+
+    def _params(self, req: ChatRequest, used: int) -> SamplingParams:
+        run = self.sampling
+        if run is None:
+            seed = req.seed if req.seed is not None else random.getrandbits(31)
+            return SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                max_tokens=req.max_tokens or self.default_max_tokens,
+                stop_strings=req.stop, seed=seed & 0x7FFFFFFF)
+        if (req.temperature is not None and req.temperature != run.temperature) or (
+                req.top_p is not None and req.top_p != run.top_p):
+            self._counts["sampling_overridden"] += 1
+        cap = run.max_tokens if req.max_tokens is None else min(req.max_tokens, run.max_tokens)
+        if self.limits.max_tokens is not None:
+            cap = min(cap, max(self.limits.max_tokens - used, 1))
+        return dataclasses.replace(run, max_tokens=cap, stop_strings=req.stop or run.stop_strings)
+
+    async def _generate(self, prompt_ids: np.ndarray, params: SamplingParams, n: int,
+                        context: np.ndarray | None) -> list[Completion]:
+        async def one(i: int) -> Completion:
+            if i == 0:
+                return await self.engine.generate(prompt_ids, params, sequence_id=self._sequence_id)
+            p = dataclasses.replace(params, seed=(params.seed + 7919 * i) & 0x7FFFFFFF)
+            c = await self.engine.generate(context, p)
+            self.engine.release(c.sequence_id)
+            return c
+
+        try:
+            outs = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))),
+                                          self.limits.model_timeout_s)
+        except PromptTooLong as e:
+            self.truncated = "context_full" if self.sampling is not None else None
+            raise APIError(400, f"the conversation does not fit the model's context: {e}",
+                           param="messages", code="context_length_exceeded") from None
+        except TimeoutError:
+            self.timed_out = True
+            raise APIError(504, "the model call timed out", type="server_error") from None
+        except EngineClosed as e:
+            raise APIError(503, f"the engine is shut down: {e}", type="server_error") from None
+        if self.closed:  # the episode ended while the engine worked: free what it kept
+            for c in outs:
+                self.engine.release(c.sequence_id)
+            raise APIError(404, f"session {self.id!r} was closed", code="session_closed")
+        return list(outs)
+
+    def _choice(self, index: int, c: Completion, req: ChatRequest, reply: str | None) -> Choice:
+        text = reply if reply is not None else self._decode(c.token_ids)
+        finish = _finish(c.finish_reason)
+        for s in req.stop:  # OpenAI leaves the stop sequence out of the content
+            at = text.find(s)
+            if at >= 0:
+                text, finish = text[:at], "stop"
+        calls: tuple[ToolCall, ...] = ()
+        content: str | None = text
+        if req.tools:
+            parsed = parse_tool_calls(text, fmt=self.tool_format)
+            if parsed.errors:  # a malformed call stays visible as text; the agent sees it
+                self._counts["parse_errors"] += len(parsed.errors)
+            else:
+                calls = tuple(
+                    dataclasses.replace(call, id=f"call_{self.id[:8]}_{self._calls + j}")
+                    for j, call in enumerate(parsed.tool_calls))
+                self._calls += len(calls)
+                if calls:
+                    content, finish = parsed.content or None, "tool_calls"
+        lp = None
+        if req.logprobs:
+            lp = [(self.tokenizer.decode([int(t)]), float(v)) for t, v in zip(c.token_ids, c.logprobs)]
+        return Choice(index=index, content=content, tool_calls=calls, finish_reason=finish,
+                      logprobs=lp, completion_tokens=c.num_tokens)
+
+    def _decode(self, ids: np.ndarray) -> str:
+        """Reply text as `TrajectoryBuilder.add_completion` decodes it (a final eos dropped)."""
+        ids = [int(i) for i in ids]
+        if ids and ids[-1] in tuple(self.tokenizer.eos_token_ids):
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # ------------------------------------------------------------------ the end
+
+    def close(self) -> None:
+        """Ends the session: releases its engine sequence; later calls get a 404."""
+        self.closed = True
+        if self._sequence_id is not None:
+            self.engine.release(self._sequence_id)
+            self._sequence_id = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def trajectory(self, reward: float, status: TrajectoryStatus, *, task_id: str = "",
+                   info: Mapping[str, Any] | None = None, timings: Mapping[str, float] | None = None
+                   ) -> Trajectory:
+        """The session as a `Trajectory`: its last segment, earlier segments in `info`."""
+        builder = self._builder or TrajectoryBuilder(self.tokenizer)
+        out = {**self._counts, "segments": self._counts["segment_breaks"] + (1 if self._builder else 0),
+               "final_answer": self.final_answer, **(info or {})}
+        if self.truncated:
+            out["truncated"] = self.truncated
+        if self._earlier:
+            out["earlier_segments"] = list(self._earlier)
+        return builder.build(reward, status, task_id=task_id, timings=timings, info=out)
+

@@ -1,0 +1,236 @@
+"""The host-side scheduler alone: admission, slots, LRU eviction, prefill planning, finish
+reasons and stop strings. No JAX, no device: the tests drive it with made-up sampled tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentax.engine._config import EngineConfig
+from agentax.engine._requests import PromptTooLong, SequenceError, _Request
+from agentax.engine._scheduler import Scheduler
+from agentax.records import FinishReason, SamplingParams
+
+CFG = EngineConfig(max_slots=3, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8,
+                   min_attend_bucket=64, decode_steps_per_call=4)
+
+
+def request(ids, params=None, sequence_id=None, eos=()):
+    params = params or SamplingParams(temperature=0.0, max_tokens=4)
+    stop = frozenset(eos) | frozenset(params.stop_ids)
+    return _Request(ids=np.asarray(ids, np.int32), params=params, sequence_id=sequence_id,
+                    loop=None, future=None, submit_time=time.perf_counter(), stop_set=stop)
+
+
+def prefill_all(sched, token=7):
+    """Runs prefill plans until none is left, sampling `token` after every prompt."""
+    plans = []
+    while (plan := sched.plan_prefill()) is not None:
+        r = len(plan.slots_r)
+        sched.finish_prefill(plan, np.full(r, token), np.zeros(r), version=0)
+        plans.append(plan)
+    return plans
+
+
+def decode(sched, token_of_slot):
+    """One decode call in which each active slot samples `token_of_slot(slot, step)`."""
+    plan = sched.plan_decode()
+    s, n = sched.config.max_slots, plan.steps
+    tokens = np.array([[token_of_slot(i, j) for j in range(n)] for i in range(s)], np.int32)
+    counts = np.where(sched.active, np.minimum(n, sched.remaining), 0).astype(np.int32)
+    sched.finish_decode(plan, tokens, np.zeros((s, n)), counts, version=1)
+    return plan
+
+
+def test_fifo_admission_fills_free_slots_then_waits():
+    sched = Scheduler(CFG)
+    reqs = [request([i + 1] * (i + 2)) for i in range(5)]
+    for r in reqs:
+        sched.accept(r)
+    sched.admit()
+    assert [r.seq.slot for r in reqs[:3]] == [0, 1, 2]
+    assert list(sched.waiting) == reqs[3:] and sched.slot_counts() == (3, 0, 0)
+    plan = sched.plan_prefill()
+    # One call, one row per request, padded to the row and chunk buckets.
+    assert plan.tokens_rc.shape == (3, 8) and plan.num_tokens == 2 + 3 + 4
+    assert plan.positions_rc[0, 2:].tolist() == [CFG.max_seq_len] * 6  # padding writes nothing
+    assert plan.positions_rc[2, :4].tolist() == [0, 1, 2, 3] and plan.last_r[:3].tolist() == [1, 2, 3]
+    assert plan.attend_len == 64
+
+
+def test_long_prompts_are_chunked_within_the_token_budget():
+    cfg = EngineConfig(max_slots=4, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8,
+                       prefill_token_budget=32)
+    sched = Scheduler(cfg)
+    reqs = [request(list(range(100))), request([1, 2, 3])]
+    for r in reqs:
+        sched.accept(r)
+    sched.admit()
+    plans = prefill_all(sched)
+    # 100 tokens in chunks of 32; the budget (32 bucketed tokens) leaves room for one row of
+    # 32, then for two rows of 8: the last 4 tokens and the short prompt share a call.
+    assert [p.num_tokens for p in plans] == [32, 32, 32, 4 + 3]
+    assert [p.tokens_rc.shape for p in plans] == [(1, 32)] * 3 + [(2, 8)]
+    assert [p.attend_len for p in plans] == [128] * 4
+    assert reqs[0].seq.cached == 100 and sched.active.tolist() == [True, True, False, False]
+    assert sched.pos[0] == 100 and sched.tok[0] == 7  # sampled token pending at position 100
+
+
+def test_decode_plan_span_covers_the_longest_sequence_plus_the_fused_steps():
+    sched = Scheduler(CFG)
+    for n in (10, 60):
+        sched.accept(request([1] * n, SamplingParams(temperature=0.0, max_tokens=100)))
+    sched.admit()
+    prefill_all(sched)
+    plan = sched.plan_decode()
+    assert plan.state_4s[1, :2].tolist() == [10, 60] and plan.active == 2
+    assert plan.attend_len == 64  # 60 + 4 steps fit in 64
+    decode(sched, lambda s, j: 5)
+    assert sched.plan_decode().attend_len == 128  # 64 + 4 do not
+    assert CFG.attend_buckets == (64, 128, 256, 512)
+
+
+def test_finish_reasons_eos_stop_id_length_and_slot_full():
+    cfg = EngineConfig(max_slots=4, max_seq_len=20, prefill_chunk=16, decode_steps_per_call=4)
+    sched = Scheduler(cfg, eos_token_ids=(2,))
+    reqs = [
+        request([1], SamplingParams(max_tokens=50), eos=(2,)),
+        request([1], SamplingParams(max_tokens=50, stop_ids=(3,)), eos=(2,)),
+        request([1], SamplingParams(max_tokens=3), eos=(2,)),
+        request([1] * 15, SamplingParams(max_tokens=50), eos=(2,)),
+    ]
+    for r in reqs:
+        sched.accept(r)
+    sched.admit()
+    prefill_all(sched, token=9)
+    # The device stops a slot on a stop id; the scheduler sees the counts it returns.
+    rows = {0: [9, 2, 9, 9], 1: [9, 9, 3, 9], 2: [9, 9, 9, 9], 3: [9, 9, 9, 9]}
+    plan = sched.plan_decode()
+    counts = np.array([2, 3, 2, 4], np.int32)
+    sched.finish_decode(plan, np.array([rows[i] for i in range(4)]), np.zeros((4, 4)), counts, 1)
+    reasons = [r.result.finish_reason for r in reqs]
+    assert reasons == [FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH,
+                       FinishReason.SLOT_FULL]
+    assert [r.result.token_ids.tolist() for r in reqs[:3]] == [[9, 9, 2], [9, 9, 9, 3], [9, 9, 9]]
+    assert reqs[3].result.num_tokens == 5 and reqs[0].result.versions.tolist() == [0, 1, 1]
+    assert not sched.active.any() and sched.slot_counts() == (0, 4, 0)  # parked
+
+
+def test_lru_eviction_and_continuation_in_the_parked_slot():
+    sched = Scheduler(CFG)
+    first = [request([i + 1, i + 2]) for i in range(3)]
+    for r in first:
+        sched.accept(r)
+    sched.admit()
+    prefill_all(sched)
+    while sched.active.any():
+        decode(sched, lambda s, j: 40 + s)
+    ids = [r.result.sequence_id for r in first]
+    # Continue sequence 2 first and sequence 0 next: sequence 1 becomes least recently used.
+    for sid in (ids[2], ids[0]):
+        cont = request([50], sequence_id=sid)
+        sched.accept(cont)
+        sched.admit()
+        assert cont.seq.slot == first[ids.index(sid)].seq.slot
+        assert cont.pending == [cont.seq.tokens[-2], 50]  # the last sampled token + the new one
+        prefill_all(sched)
+        while sched.active.any():
+            decode(sched, lambda s, j: 60)
+    newcomer = request([9, 9, 9])
+    sched.accept(newcomer)
+    sched.admit()
+    assert newcomer.seq.slot == 1 and sched.counts["evictions"] == 1
+    # The evicted sequence's history stays: continuing it re-prefills everything.
+    back = request([70], sequence_id=ids[1])
+    sched.accept(back)
+    sched.admit()  # evicts the least recently used parked one (sequence 2, slot 2)
+    assert back.seq.slot == 2 and back.pending == first[1].seq.tokens
+    assert sched.counts["evictions"] == 2
+
+
+def test_errors_cancel_release_and_fail_all():
+    sched = Scheduler(CFG)
+    sched.accept(bad := request([1], sequence_id=999))
+    assert isinstance(bad.error, SequenceError) and "unknown sequence_id 999" in str(bad.error)
+    a = request([1, 2])
+    sched.accept(a)
+    sched.admit()
+    prefill_all(sched)
+    sched.accept(busy := request([3], sequence_id=a.seq.id))
+    assert isinstance(busy.error, SequenceError) and "in flight" in str(busy.error)
+    while sched.active.any():
+        decode(sched, lambda s, j: 4)
+    sched.accept(long := request(list(range(CFG.max_seq_len)), sequence_id=a.result.sequence_id))
+    assert isinstance(long.error, PromptTooLong)
+    sched.release(a.result.sequence_id)
+    assert sched.slot_counts() == (0, 0, 3) and a.result.sequence_id not in sched.sequences
+    b, c = request([5]), request([6])
+    for r in (b, c):
+        sched.accept(r)
+    sched.admit()
+    sched.cancel(b)
+    assert b.done and sched.counts["failed"] == 4 and sched.slot_counts() == (1, 0, 2)
+    boom = RuntimeError("device lost")
+    sched.fail_all(boom)
+    assert c.error is boom and not sched.waiting and not sched.prefilling
+
+
+class CountingDecoder:
+    """A byte-level decode that counts how many tokens it was asked to decode."""
+
+    def __init__(self):
+        self.decoded = 0
+
+    def __call__(self, ids):
+        self.decoded += len(ids)
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_stop_strings_are_found_incrementally():
+    text = ("abcdefgh" * 300 + "STOP" + "tail" * 4).encode()
+    dec = CountingDecoder()
+    sched = Scheduler(EngineConfig(max_slots=1, max_seq_len=4096, decode_steps_per_call=8),
+                      decode=dec)
+    req = request([1], SamplingParams(max_tokens=4000, stop_strings=("STOP",)))
+    sched.accept(req)
+    sched.admit()
+    prefill_all(sched, token=text[0])
+    i = 1
+    while sched.active.any():
+        decode(sched, lambda s, j: text[i + j])
+        i += 8
+    out = req.result
+    assert out.finish_reason == FinishReason.STOP
+    assert bytes(out.token_ids.tolist()).endswith(b"hSTOP") and out.num_tokens == 2404
+    # Linear work: each call decodes its 8 new tokens and a bounded window before them
+    # (re-decoding the whole output every call would be ~2400^2 / 16 = 360k tokens).
+    assert dec.decoded < 40 * out.num_tokens
+
+
+def test_scheduler_and_these_tests_import_no_jax():
+    here = Path(__file__).parent
+    code = (
+        "import sys; sys.path.insert(0, %r); import test_scheduler as t\n"
+        "for name in dir(t):\n"
+        "    if name.startswith('test_') and 'import_no_jax' not in name: getattr(t, name)()\n"
+        "assert 'jax' not in sys.modules, 'the scheduler imported jax'\n"
+        "import agentax.engine\n"
+        "assert 'jax' not in sys.modules, 'agentax.engine imported jax eagerly'\n"
+        "print('ok')\n" % str(here)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_attend_bucket_is_the_shortest_span_that_covers_the_length():
+    assert [CFG.attend_bucket(n) for n in (1, 64, 65, 500, 600)] == [64, 64, 128, 512, 512]
+    assert EngineConfig(max_seq_len=96).attend_buckets == (96,)
+    assert EngineConfig(max_seq_len=300).attend_buckets == (128, 300)
+    assert EngineConfig(max_seq_len=160).attend_buckets == (160,)
+    with pytest.raises(ValueError, match="min_attend_bucket must be a power of two"):
+        EngineConfig(min_attend_bucket=100)
