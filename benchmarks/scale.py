@@ -4,8 +4,11 @@ Workload: the tiny byte model in a real engine (in this process) and a real coll
 environments are `agentax.scale.testing.SleepyEnv` in a `RayEnvPool` on a local Ray cluster:
 three-step episodes whose steps *block* for a fixed latency set to ten model turns (an
 environment-bound workload: a sandbox, a browser, a simulator). The collector keeps more
-episodes in flight than there are workers, so the pool size is the bottleneck. Pools are
-warmed up before timing; the engine is compiled by a warm-up episode first.
+episodes in flight than there are workers, so the pool size is the bottleneck. The engine is
+compiled by warm-up episodes first; the model turn is then measured warm (median of several
+turns, never a compiling one), and the environment latency derived from it is capped at
+[`MIN_LATENCY_S`, `MAX_LATENCY_S`], so a slow machine makes the run no longer than a fast one by more than that
+factor. Every wait is bounded (actor start, each timed run, each episode).
 
 Figures (last line, JSON):
   env_workers_2_over_1 / env_workers_4_over_1   episodes/s with 2 / 4 actors over 1 actor
@@ -28,6 +31,7 @@ import asyncio
 import functools
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -49,14 +53,25 @@ MODEL = ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128, nu
 TOKENIZER = ByteTokenizer()
 NUM_STEPS = 3
 OVERHEAD_EPISODE = 10**9
+MIN_LATENCY_S = 0.1  # env step latency floor: long enough that one run is not all noise
+MAX_LATENCY_S = 0.25  # env step latency cap: 8 episodes x 3 steps on 1 worker stay ~6 s
+RUN_TIMEOUT_S = 120.0  # bound on one timed run (all its episodes)
+
+
+T0 = time.perf_counter()
+
+
+def phase(name: str) -> None:
+    """Progress on stderr (the last stdout line stays the JSON)."""
+    print(f"[{time.perf_counter() - T0:6.1f} s] {name}", file=sys.stderr, flush=True)
 
 
 def make_collector(engine: Engine, env_factory, max_tokens: int) -> Collector:
     return Collector(
         engine, TOKENIZER, env_factory, lambda: ModelAgent(system_prompt=None),
         SamplingParams(temperature=1.0, max_tokens=max_tokens),
-        CollectorConfig(max_turns=NUM_STEPS, max_episode_tokens=256, model_timeout_s=120,
-                        episode_timeout_s=600),
+        CollectorConfig(max_turns=NUM_STEPS, max_episode_tokens=256, model_timeout_s=60,
+                        episode_timeout_s=RUN_TIMEOUT_S),
     )
 
 
@@ -70,19 +85,24 @@ async def run_episodes(collector: Collector, n: int, concurrency: int) -> float:
             assert traj.status.value == "ok", (traj.status, traj.info)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(n)))
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), RUN_TIMEOUT_S)
     return n / (time.perf_counter() - t0)
 
 
-def measure_model_turn(engine: Engine, max_tokens: int) -> float:
-    """Seconds of one model turn (prompt + max_tokens), after compilation."""
+def measure_model_turn(engine: Engine, max_tokens: int, repeats: int = 5) -> float:
+    """Median seconds of one warm model turn (prompt + max_tokens).
+
+    Call after warm-up episodes have compiled every shape; the first call here is discarded too.
+    """
     prompt = TOKENIZER.encode("Step 0.")
     params = SamplingParams(temperature=1.0, max_tokens=max_tokens)
-    for _ in range(2):  # the first call compiles
+    engine.generate_batch([prompt], params)
+    times = []
+    for _ in range(repeats):
         t0 = time.perf_counter()
         engine.generate_batch([prompt], params)
-        turn = time.perf_counter() - t0
-    return turn
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def step_overhead_ms(pool: RayEnvPool, steps: int) -> float:
@@ -101,8 +121,9 @@ def step_overhead_ms(pool: RayEnvPool, steps: int) -> float:
         await env.close()
         return elapsed
 
-    local = asyncio.run(drive(ensure_async_env(SleepyEnv(num_steps=OVERHEAD_EPISODE))))
-    remote = asyncio.run(drive(pool.factory()))
+    local = asyncio.run(asyncio.wait_for(drive(ensure_async_env(SleepyEnv(num_steps=OVERHEAD_EPISODE))),
+                                         RUN_TIMEOUT_S))
+    remote = asyncio.run(asyncio.wait_for(drive(pool.factory()), RUN_TIMEOUT_S))
     return (remote - local) / steps * 1000.0
 
 
@@ -114,31 +135,40 @@ def main() -> None:
     concurrency = 8
     max_tokens = 4
     overhead_steps = 200 if args.quick else 2000
-    repeats = 1 if args.quick else 3
+    repeats = 2 if args.quick else 3
     workers = (1, 2, 4)
 
     ray = require_ray()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    phase("ray up")
     engine = Engine(Transformer(MODEL, rngs=nnx.Rngs(0)),
                     EngineConfig(max_slots=16, max_seq_len=256, prefill_chunk=64, decode_steps_per_call=4),
                     eos_token_ids=TOKENIZER.eos_token_ids, tokenizer=TOKENIZER)
     try:
+        # Warm-up: compile every engine shape the episodes use (local, zero-latency envs),
+        # then measure a warm turn; the latency comes from it, never from a compiling turn.
+        warm_env = functools.partial(SleepyEnv, num_steps=NUM_STEPS, step_latency_s=0.0)
+        for _ in range(2):
+            asyncio.run(run_episodes(make_collector(engine, warm_env, max_tokens), concurrency, concurrency))
+        phase("engine warm")
         turn_s = measure_model_turn(engine, max_tokens)
-        latency_s = max(10 * turn_s, 0.05)
+        latency_s = min(max(10 * turn_s, MIN_LATENCY_S), MAX_LATENCY_S)
         env = functools.partial(SleepyEnv, num_steps=NUM_STEPS, step_latency_s=latency_s)
-        # Warm-up: compile every engine shape the episodes use, with local environments.
-        asyncio.run(run_episodes(make_collector(engine, env, max_tokens), concurrency, concurrency))
-        pools = {w: RayEnvPool(env, w, num_cpus=0.25) for w in workers}
-        pools[0] = RayEnvPool(functools.partial(SleepyEnv, num_steps=OVERHEAD_EPISODE), 1, num_cpus=0.25)
+        pools = {w: RayEnvPool(env, w, num_cpus=0.25, start_timeout_s=60.0, lease_timeout_s=60.0)
+                 for w in workers}
+        pools[0] = RayEnvPool(functools.partial(SleepyEnv, num_steps=OVERHEAD_EPISODE), 1, num_cpus=0.25,
+                              start_timeout_s=60.0)
         try:
             for pool in pools.values():
-                pool.warm_up()
+                pool.warm_up(timeout_s=60.0)
+            phase("actors warm")
             rates = dict.fromkeys(workers, 0.0)
             for _ in range(repeats):  # interleaved, best of: the machine is shared
                 for w in workers:
                     collector = make_collector(engine, pools[w].factory, max_tokens)
                     rates[w] = max(rates[w], asyncio.run(run_episodes(collector, episodes, concurrency)))
+            phase("timed runs done")
             overhead = step_overhead_ms(pools[0], overhead_steps)
         finally:
             for pool in pools.values():
@@ -155,10 +185,11 @@ def main() -> None:
         "episodes_per_s_2": round(rates[2], 3),
         "episodes_per_s_4": round(rates[4], 3),
         "env_step_latency_s": round(latency_s, 4),
+        "env_step_latency_capped": latency_s == MAX_LATENCY_S,
         "model_turn_s": round(turn_s, 4),
         "episodes": episodes,
-        "workload": (f"tiny byte model, {NUM_STEPS}-step episodes, blocking env steps of 10 model "
-                     f"turns, {concurrency} episodes in flight, Ray actors of 0.25 CPU on a local "
+        "workload": (f"tiny byte model, {NUM_STEPS}-step episodes, blocking env steps of 10 warm "
+                     f"model turns (at most {MAX_LATENCY_S} s), {concurrency} episodes in flight, Ray actors of 0.25 CPU on a local "
                      "2-CPU cluster"),
     }
     if not args.quick:

@@ -302,7 +302,7 @@ def ensure_async_env(
 
     An `Environment` is returned unchanged. Any other object with `reset(task)` and
     `step(action)` methods is wrapped: async methods are awaited, synchronous ones run on the
-    wrapper's own thread. Limits given here override the object's attributes of the same name.
+    "env" stage thread pool. Limits given here override the object's attributes of the same name.
 
     Raises:
       TypeError: `env` has no `reset` / `step` methods.

@@ -45,7 +45,8 @@ class PipelineConfig:
     """The run stops when the event loop was blocked this long (e.g. `time.sleep` inside an
     async environment step); 0 disables the watchdog."""
     env_threads: int = 32
-    """Threads for synchronous environment calls (a pool of their own, daemon threads)."""
+    """Threads for synchronous environment calls (a pool of their own, daemon threads); a
+    stepping episode holds one, so keep it >= max_concurrency for sync environments."""
     tool_threads: int = 32
     """Threads for synchronous tool calls (a pool of their own, daemon threads)."""
     reward_threads: int = 16

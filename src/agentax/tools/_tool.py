@@ -211,7 +211,7 @@ def _validate(arguments: Any, parameters: Mapping[str, Any]) -> dict[str, Any]:
 class Tool:
     """A callable the model can invoke by name with JSON arguments.
 
-    `fn` may be sync (run in the default executor, so it never blocks the event loop) or
+    `fn` may be sync (run on the bounded "tool" thread pool, so it never blocks the event loop) or
     async. It may return a string, a JSON-serialisable value, or a `ToolResult` (to report
     `ok=False` itself). Note: a sync function that ignores the timeout keeps its executor
     thread busy until it returns; for code that may hang use the sandbox tools.
