@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "from_dict", "frozen", "to_dict", "replace"]
+__all__ = ["ConfigError", "check_values", "from_dict", "frozen", "to_dict", "replace"]
 
 T = TypeVar("T")
 
@@ -42,14 +43,19 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        options = [a for a in args if a is not type(None)]
+        for arg in options:
             try:
                 return _coerce(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{where}: {value!r} does not fit {tp}")
+        if len(errors) == 1:  # `X | None`: X's own message says what fits
+            raise ConfigError(errors[0] + (" (or null)" if len(options) < len(args) else ""))
+        raise ConfigError(f"{where}: {value!r} does not fit {_type_name(tp)}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not allowed; choose one of {_allowed(args)}")
+        return value
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -91,14 +97,76 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: {value!r} is not a finite number")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
     return value
+
+
+def _allowed(args) -> str:
+    return ", ".join(repr(a) for a in args)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _check_field(name: str, value: Any, tp: Any, where: str) -> None:
+    """Rules that hold for every config field, whatever dataclass it sits in.
+
+    A Literal field holds one of its values; a float is finite; a `*timeout_s` is > 0 and any
+    other `*_s` duration >= 0; an int (other than a seed) is >= 0 — every count, size and
+    period in agentax uses 0, never a negative number, for "off" or "default".
+    """
+    if value is None:
+        return
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) != 1:
+            return
+        tp = options[0]
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not allowed; choose one of {_allowed(args)}")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {value!r} is not a finite number")
+    if name.endswith("timeout_s"):
+        if value <= 0:
+            raise ConfigError(f"{where} must be > 0 seconds, got {value}")
+    elif name.endswith("_s") and value < 0:
+        raise ConfigError(f"{where} must be >= 0 seconds, got {value}")
+    elif isinstance(value, int) and "seed" not in name and value < 0:
+        raise ConfigError(f"{where} must be >= 0, got {value}")
+
+
+def check_values(obj: Any, *, where: str = "") -> None:
+    """Applies the per-field rules (see `_check_field`) to a config dataclass, recursively.
+
+    Raises:
+      ConfigError: naming the first field that breaks a rule, and what it may hold.
+    """
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        value = getattr(obj, f.name)
+        path = f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_values(value, where=path)
+        else:
+            _check_field(f.name, value, hints.get(f.name, Any), path)
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], *, _where: str = "") -> T:
@@ -117,6 +185,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, _where: str = "") -> T:
         if key not in fields:
             raise ConfigError(f"unknown config key '{where}'.{_nearest(key, list(fields))}")
         kwargs[key] = _coerce(value, hints[key], where)
+        _check_field(key, kwargs[key], hints[key], where)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:

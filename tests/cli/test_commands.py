@@ -35,7 +35,7 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     assert status == 0, err
     run = runs / "mini"
     for name in ("config.yaml", "metrics.jsonl", "trace.perfetto-trace", "curves.png",
-                 "summary.json", "state.json"):
+                 "summary.json"):
         assert (run / name).is_file(), name
     assert (run / "checkpoints" / "step_1" / "meta.json").is_file()
     cfg = yaml.safe_load((run / "config.yaml").read_text())
@@ -50,10 +50,14 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     assert summary["rl_steps"] == 1 and "doctor" in summary
     assert "eval_before" in json.loads(out.strip().splitlines()[-1])
 
-    # Resume: the run continues from its checkpoint to the new total.
-    status, out, err = _run(["train", str(run), "run.steps=2"], capsys)
+    meta = json.loads((run / "checkpoints" / "step_1" / "meta.json").read_text())
+    assert meta["run"]["rl_step"] == 1 and meta["run"]["metrics_bytes"] > 0
+
+    # Resume (an option among the overrides): the run continues to the new total.
+    status, out, err = _run(["train", str(run), "-q", "run.steps=2"], capsys)
     assert status == 0, err
-    assert "resumed from step 1" in err
+    assert err == ""  # -q: nothing on the console
+    assert yaml.safe_load((run / "config.yaml").read_text())["run"]["steps"] == 2
     steps = [r["step"] for r in read_metrics(run) if r.get("phase") == "rl"]
     assert steps == [1, 2]
     assert (run / "checkpoints" / "step_2" / "meta.json").is_file()
@@ -91,6 +95,7 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     (["train", "pipeline.group_size=1"], "pipeline.group_size>=2"),
     (["train", "no-such-recipe"], "neither a YAML file nor a recipe"),
     (["export", "/nonexistent/run", "/tmp/x"], "config.yaml"),
+    (["train", "pipeline.mode=asynch"], "choose one of 'sync', 'async'"),
 ])
 def test_user_errors_exit_2_with_the_fix(args, needle, capsys):
     status, out, err = _run(args, capsys)
@@ -104,3 +109,26 @@ def test_config_command_prints_reference_and_recipes(capsys):
     assert status == 0 and yaml.safe_load(out)["run"]["steps"] == 3
     status, out, _ = _run(["config", "--reference"], capsys)
     assert out.startswith("# Configuration reference")
+
+
+def test_sft_and_config_accept_a_run_directory(tmp_path, capsys):
+    run = tmp_path / "runs" / "old"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(f"run:\n  name: old\n  runs_dir: {tmp_path / 'runs'}\n")
+    status, out, _ = _run(["config", str(run), "run.steps=3"], capsys)
+    assert status == 0 and yaml.safe_load(out)["run"]["steps"] == 3
+    # `sft RUN_DIR` reads that run's config.yaml (a new run directory, so sft.steps=0 is the
+    # first complaint, not "no config.yaml").
+    status, _, err = _run(["sft", str(run), "sft.steps=0", "tracing.console=false"], capsys)
+    assert status == 2 and "sft.steps is 0" in err
+
+
+def test_a_failed_resume_leaves_config_yaml_alone(tmp_path, capsys):
+    from tests.faults.fault_helpers import make_run_dir
+
+    run = make_run_dir(tmp_path / "r")
+    before = (run / "config.yaml").read_text()
+    # A different model cannot restore the checkpoint: the resume fails, config.yaml stays.
+    status, _, err = _run(["train", str(run), "-q", "model.num_layers=1"], capsys)
+    assert status == 2 and "does not fit" in err
+    assert (run / "config.yaml").read_text() == before

@@ -68,7 +68,7 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     (["env.factory=agentax.envs:TaskEnvironment", "agent.factory=agentax.agents:ModelAgent",
       "tasks.factory=null", "tasks.train_file=x.jsonl"], "needs demonstrations", "sft.steps=0"),
     (["model.vocab_size=1000"], "byte tokenizer", "model.vocab_size=272"),
-    (["sft.schedule=linear"], "sft.schedule must be 'cosine' or 'constant'", ""),
+    (["sft.schedule=linear"], "choose one of 'cosine', 'constant'", ""),
 ])
 def test_invalid_combinations_give_reason_and_fix(overrides, reason, fix):
     with pytest.raises(ConfigError) as err:

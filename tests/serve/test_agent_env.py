@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import MODEL
+from serve_helpers import MODEL
 
 from agentax.agents import ModelAgent
 from agentax.models import Transformer

@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 import openai
 import pytest
-from conftest import ScriptedEngine
+from serve_helpers import ScriptedEngine
 
 from agentax.records import SamplingParams, TrajectoryStatus
 from agentax.serve import ChatServer

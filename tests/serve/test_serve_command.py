@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import openai
-from conftest import MODEL
+from serve_helpers import MODEL
 from flax import nnx
 
 from agentax.models import Transformer, save_pretrained

@@ -13,7 +13,7 @@ from flax import nnx
 from agentax import algos
 from agentax.config import ConfigError
 from agentax.records import Group
-from agentax.train import RLTrainer, TrainerConfig
+from agentax.train import NonFiniteUpdateError, RLTrainer, TrainerConfig
 from tests.train.conftest import MICRO, base_config, make_groups, make_model, make_traj
 
 
@@ -106,8 +106,9 @@ def test_bad_input_is_an_error_or_a_counted_behaviour(model):
     assert m.advantage_abs_mean == 0.0 and m.grad_norm == 0.0
 
 
-def test_non_finite_logits_skip_the_update(model):
-    trainer = RLTrainer(model, base_config())
+@pytest.mark.parametrize("on_nonfinite", ["skip", "stop"])
+def test_non_finite_logits_skip_the_update(model, on_nonfinite):
+    trainer = RLTrainer(model, base_config(on_nonfinite=on_nonfinite))
     emb = trainer._params["model"]["embed"]["embedding"]
     emb.value = emb.value.at[7].set(jnp.nan)  # any sequence with token 7 gives NaN logits
     before = _leaves(trainer._params)
@@ -115,8 +116,12 @@ def test_non_finite_logits_skip_the_update(model):
     ids = np.full(12, 7, np.int32)
     g = Group(group_id="n", task_id="n", trajectories=(
         make_traj(rng, 4, 8, 1.0, token_ids=ids), make_traj(rng, 4, 8, 0.0)))
-    m = trainer.step([g])
-    assert m.skipped and m.skip_reason == "non-finite loss or gradients"
+    if on_nonfinite == "stop":
+        with pytest.raises(NonFiniteUpdateError, match="on_nonfinite=skip"):
+            trainer.step([g])
+    else:
+        m = trainer.step([g])
+        assert m.skipped and m.skip_reason == "non-finite loss or gradients"
     assert trainer.policy_version == 0 and trainer.num_skipped_steps == 1
     for x, y in zip(before, _leaves(trainer._params)):
         np.testing.assert_array_equal(x, y)  # (NaN row included: equal_nan by default)

@@ -70,14 +70,13 @@ def build_tokenizer(cfg: RunConfig) -> Any:
 def latest_checkpoint(run_dir: str | Path) -> tuple[Path, str] | None:
     """(checkpoints dir, trainer kind 'rl' | 'sft') of a run's newest checkpoint, or None."""
     from agentax.cli._rundir import CHECKPOINT_DIR
-    from agentax.train import latest_checkpoint_step
+    from agentax.train import latest_checkpoint_step, read_checkpoint_meta
 
     ckpt = Path(run_dir) / CHECKPOINT_DIR
     step = latest_checkpoint_step(ckpt)
     if step is None:
         return None
-    meta = json.loads((ckpt / f"step_{step}" / "meta.json").read_text())
-    return ckpt, meta["kind"]
+    return ckpt, read_checkpoint_meta(ckpt / f"step_{step}")["kind"]
 
 
 def load_run_model(run_dir: str | Path, cfg: RunConfig) -> Transformer:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from agentax import algos
-from agentax.config import ConfigError, from_dict, to_dict, frozen as _frozen
+from agentax.config import ConfigError, check_values, from_dict, to_dict, frozen as _frozen
 from agentax.engine import EngineConfig
 from agentax.models import BYTE_VOCAB_SIZE, ModelConfig
 from agentax.pipeline import PipelineConfig
@@ -329,7 +329,11 @@ def validate(cfg: RunConfig) -> None:
     Raises:
       ConfigError: the first problem found.
     """
+    check_values(cfg)
     p, t, e, c = cfg.pipeline, cfg.trainer, cfg.engine, cfg.collector
+    if e.cache_dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ConfigError(f"engine.cache_dtype: {e.cache_dtype!r} is not allowed; choose one of "
+                          "'float32', 'bfloat16', 'float16' or null (the model's dtype)")
     group_based = algos.advantage_spec(t.advantage).group_based
     if group_based and p.group_size < 2:
         raise ConfigError(
@@ -392,6 +396,27 @@ def _check_demo_parts(cfg: RunConfig) -> None:
 
 # ----------------------------------------------------------------------------- building
 
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(
+                    f"key {key!r} appears twice (lines {seen[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text_or_file: Any) -> Any:
+    """YAML -> Python objects, strictly (safe types only, no duplicate keys)."""
+    return yaml.load(text_or_file, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _section_names() -> list[str]:
     return [f.name for f in dataclasses.fields(RunConfig)]
 
@@ -409,9 +434,11 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
                 f"cannot read override {arg!r}: write section.field=value, e.g. "
                 "trainer.learning_rate=1e-3 or pipeline.mode=sync")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = read_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except ConfigError as e:
+            raise ConfigError(f"override {arg!r}: {e}") from None
         node = out
         parts = key.split(".")
         for part in parts[:-1]:
@@ -481,9 +508,11 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
             raise ConfigError(f"config file {path!r} does not exist")
         with open(path, encoding="utf-8") as f:
             try:
-                data = yaml.safe_load(f) or {}
+                data = read_yaml(f) or {}
             except yaml.YAMLError as e:
-                raise ConfigError(f"{path} is not valid YAML: {e}") from None
+                raise ConfigError(f"{path} is not valid YAML: {_one_line(e)}") from None
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         _check_sections(data, path)
@@ -496,6 +525,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         given.append(data)
         source = f"{source} + overrides" if path is not None else "command-line overrides"
     return _build(merged, given, source)
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
 
 def dump_config(cfg: RunConfig) -> str:
     """The YAML text of `cfg` (every field, so the file alone reproduces the run)."""

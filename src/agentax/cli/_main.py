@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from agentax.config import ConfigError
+from agentax.trace import CONFIG_FILENAME
 
 __all__ = ["main"]
 
@@ -29,16 +31,22 @@ def _split(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def _resolve_source(config: str | None, *, allow_run_dir: bool):
-    """(yaml path or None, run dir to resume or None)."""
+    """(yaml path or None, run dir to resume or None).
+
+    A run directory where none is resumed (`sft`, `config`) stands for its config.yaml.
+    """
     from agentax.cli._rundir import is_run_dir
     from agentax.recipes import RECIPES, recipe_path
 
     if config is None:
         return None, None
     if os.path.isdir(config):
-        if allow_run_dir and is_run_dir(config):
-            return None, Path(config)
-        raise ConfigError(f"{config} is a directory but not a run directory (no config.yaml)")
+        if is_run_dir(config):
+            if allow_run_dir:
+                return None, Path(config)
+            return os.path.join(config, CONFIG_FILENAME), None
+        raise ConfigError(f"{config} is a directory but not a run directory (no "
+                          f"{CONFIG_FILENAME}); give a YAML file, a recipe or a run directory")
     if os.path.isfile(config):
         return config, None
     if config in RECIPES:
@@ -49,7 +57,7 @@ def _resolve_source(config: str | None, *, allow_run_dir: bool):
 def _load(args: argparse.Namespace, command: str):
     from agentax.cli._build import resolve_config
     from agentax.cli._config import load_config
-    from agentax.cli._rundir import make_run_dir, run_config
+    from agentax.cli._rundir import is_run_dir, run_config
 
     config, overrides = _split(args.args)
     path, resume_dir = _resolve_source(config, allow_run_dir=(command in ("train", "eval")))
@@ -57,6 +65,9 @@ def _load(args: argparse.Namespace, command: str):
         cfg = resolve_config(run_config(resume_dir, overrides))
         return cfg, resume_dir
     cfg = resolve_config(load_config(path, overrides))
+    if path is not None and os.path.basename(path) == CONFIG_FILENAME and is_run_dir(
+            os.path.dirname(path) or "."):
+        cfg = _fresh_name(cfg)  # another run's config: this command writes a new run dir
     return cfg, None
 
 
@@ -64,9 +75,18 @@ def _cmd_train(args) -> int:
     from agentax.cli._rundir import make_run_dir
     from agentax.cli._runner import run_train
 
+    from agentax.cli._signals import Interrupted
+
     cfg, resume_dir = _load(args, "train")
     run_dir = resume_dir or make_run_dir(cfg, "train")
-    summary = run_train(cfg, run_dir, resume=resume_dir is not None, quiet=args.quiet)
+    try:
+        summary = run_train(cfg, run_dir, resume=resume_dir is not None, quiet=args.quiet)
+    except Interrupted as e:
+        if e.message:
+            raise
+        raise Interrupted(e.signum, f"{e} before the RL loop (nothing new saved); "
+                          f"`agentax train {run_dir}` continues from its newest checkpoint, "
+                          "or starts over if it has none") from None
     _print_summary(summary)
     return 0
 
@@ -103,6 +123,9 @@ def _fresh_name(cfg):
 def _cmd_doctor(args) -> int:
     from agentax.trace import doctor
 
+    if not os.path.isdir(args.run_dir):
+        raise FileNotFoundError(f"{args.run_dir} is not a directory; give a run directory "
+                                "(the folder `agentax train` wrote)")
     report = doctor.analyze(args.run_dir)
     print(doctor.format_report(report))
     if args.timeline:
@@ -115,7 +138,11 @@ def _cmd_export(args) -> int:
     from agentax.cli._rundir import run_config
     from agentax.models import save_pretrained
 
-    cfg = run_config(args.run_dir)
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} already exists; export into a new (or empty) directory, "
+                              "or remove it first")
+    cfg = _run_dir_config(args.run_dir)
     model = load_run_model(args.run_dir, cfg)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +150,15 @@ def _cmd_export(args) -> int:
     save_pretrained(model, out, tokenizer=build_tokenizer(cfg))
     print(f"exported {args.run_dir} -> {args.out} (Hugging Face safetensors)")
     return 0
+
+
+def _run_dir_config(run_dir: str):
+    from agentax.cli._rundir import is_run_dir, run_config
+
+    if not is_run_dir(run_dir):
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {CONFIG_FILENAME}); "
+                                "give the folder `agentax train` wrote")
+    return run_config(run_dir)
 
 
 def _copy_tokenizer(cfg, out: Path) -> None:
@@ -164,13 +200,20 @@ def _print_summary(summary: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true",
+                        help="print the full traceback of an error")
     parser = argparse.ArgumentParser(prog="agentax", description="Asynchronous agentic RL in JAX.",
-                                     epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=_EPILOG, parents=[common],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def add(name: str, **kwargs):
+        return sub.add_parser(name, parents=[common], **kwargs)
+
     def with_config(name: str, help_: str):
-        p = sub.add_parser(name, help=help_, epilog=_EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = add(name, help=help_, epilog=_EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("args", nargs="*", metavar="[CONFIG] [section.field=value ...]")
         p.add_argument("-q", "--quiet", action="store_true", help="no live console output")
         return p
@@ -180,18 +223,18 @@ def build_parser() -> argparse.ArgumentParser:
     with_config("sft", "supervised warm start only").set_defaults(fn=_cmd_sft)
     with_config("eval", "success rate and reward on held-out tasks (CONFIG may be a run dir)"
                 ).set_defaults(fn=_cmd_eval)
-    p = sub.add_parser("doctor", help="explain a run from its trace and metrics")
+    p = add("doctor", help="explain a run from its trace and metrics")
     p.add_argument("run_dir")
     p.add_argument("--timeline", action="store_true", help="also write RUN_DIR/timeline.png")
     p.set_defaults(fn=_cmd_doctor)
-    p = sub.add_parser("export", help="write a run's policy as Hugging Face safetensors")
+    p = add("export", help="write a run's policy as Hugging Face safetensors")
     p.add_argument("run_dir")
     p.add_argument("out")
     p.set_defaults(fn=_cmd_export)
     from agentax.cli._serve import add_parser as add_serve_parser
 
     add_serve_parser(sub)
-    p = sub.add_parser("config", help="print the resolved config (YAML) or the recipe names")
+    p = add("config", help="print the resolved config (YAML) or the recipe names")
     p.add_argument("args", nargs="*", metavar="[CONFIG] [section.field=value ...]")
     p.add_argument("--recipes", action="store_true", help="list the shipped recipes")
     p.add_argument("--reference", action="store_true",
@@ -200,11 +243,62 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Options may sit anywhere among the positionals (`agentax train RUN -q k=v`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "args") or any(x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = [*args.args, *extra]
+    return args
+
+
+# Errors whose message is the whole story: the user's input (a config, a file, a path).
+_USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryError,
+                IsADirectoryError, PermissionError, ValueError)
+
+
+def _explains_itself(error: Exception) -> bool:
+    """Run failures whose message names the cause and the knob (exit 1, no type name)."""
+    if "agentax.pipeline" in sys.modules:
+        from agentax.pipeline import RunFailed
+
+        if isinstance(error, RunFailed):
+            return True
+    if "agentax.train" in sys.modules:
+        from agentax.train import NonFiniteUpdateError
+
+        return isinstance(error, NonFiniteUpdateError)
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `agentax` script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `agentax` script; returns the exit status.
+
+    Every failure is one line on stderr (`agentax CMD: error: ...`) and a non-zero status: 2
+    for bad input (config, files, paths), 1 for anything else, 128 + N after signal N (130
+    Ctrl-C, 143 SIGTERM). `--debug` prints the traceback instead.
+    """
+    from agentax.cli._signals import Interrupted
+
+    args = _parse(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"agentax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except Interrupted as e:
+        print(f"agentax {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"agentax {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place that turns errors into one line
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        user = isinstance(e, _USER_ERRORS)
+        text = " ".join(str(e).split()) or "(no message)"
+        plain = user or _explains_itself(e)
+        name = "" if plain else f"{type(e).__name__}: "
+        debug = getattr(args, "debug", False)
+        hint = "" if plain or debug else " (run again with --debug for the traceback)"
+        print(f"agentax {args.command}: error: {name}{text}{hint}", file=sys.stderr)
+        return 2 if user else 1

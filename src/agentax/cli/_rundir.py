@@ -1,4 +1,10 @@
-"""Run directories: one folder per run with its resolved config, metrics, trace, checkpoints."""
+"""Run directories: one folder per run with its resolved config, metrics, trace, checkpoints.
+
+What a resume relies on (docs/reliability.md): every checkpoints/step_N is complete (written
+under a temporary name, then renamed); its meta.json records the run's position and the
+length metrics.jsonl had, so a resume cuts the log back to it; config.yaml is replaced
+atomically, and on a resume only once the checkpoint has been restored.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,12 @@ from typing import Any
 
 from agentax.cli._config import RunConfig, dump_config, load_config
 from agentax.config import ConfigError
-from agentax.trace import CONFIG_FILENAME
+from agentax.trace import CONFIG_FILENAME, METRICS_FILENAME
 
-__all__ = ["CHECKPOINT_DIR", "STATE_FILENAME", "is_run_dir", "make_run_dir", "read_state",
-           "run_config", "write_config", "write_state"]
+__all__ = ["CHECKPOINT_DIR", "RunCheckpointer", "checkpoint_kind", "cut_metrics", "is_run_dir",
+           "make_run_dir", "restore_newest", "run_config", "write_config"]
 
 CHECKPOINT_DIR = "checkpoints"
-STATE_FILENAME = "state.json"
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
@@ -40,8 +45,11 @@ def make_run_dir(cfg: RunConfig, command: str) -> Path:
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> Path:
+    """Writes RUN_DIR/config.yaml atomically (a kill leaves the old file or the new one)."""
     path = run_dir / CONFIG_FILENAME
-    path.write_text(dump_config(cfg), encoding="utf-8")
+    tmp = run_dir / (CONFIG_FILENAME + ".tmp")
+    tmp.write_text(dump_config(cfg), encoding="utf-8")
+    os.replace(tmp, path)
     return path
 
 
@@ -50,13 +58,121 @@ def run_config(run_dir: str | os.PathLike, overrides=()) -> RunConfig:
     return load_config(Path(run_dir) / CONFIG_FILENAME, overrides)
 
 
-def write_state(run_dir: Path, **state: Any) -> None:
-    """Progress counters next to the checkpoints (written atomically)."""
-    tmp = run_dir / (STATE_FILENAME + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, run_dir / STATE_FILENAME)
+# ----------------------------------------------------------------------------- checkpoints
 
 
-def read_state(run_dir: str | os.PathLike) -> dict[str, Any]:
-    path = Path(run_dir) / STATE_FILENAME
-    return json.loads(path.read_text()) if path.exists() else {}
+class RunCheckpointer:
+    """Saves the RL trainer with the run's position, at most once per RL step.
+
+    The checkpoint's meta.json gets a "run" record: `rl_step` (the pipeline's step, which the
+    metrics rows use), `next_group` (the task position) and `metrics_bytes` (the length of
+    metrics.jsonl when it was written: a resume cuts the file back to it).
+    """
+
+    def __init__(self, run_dir: Path, saved_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.saved_step = saved_step
+        """RL step of the newest checkpoint this run wrote or resumed from."""
+
+    def save(self, trainer, *, rl_step: int, next_group: int) -> Path | None:
+        """Writes checkpoints/step_<rl_step>, unless this step is already saved."""
+        if rl_step == self.saved_step:
+            return None
+        metrics = self.run_dir / METRICS_FILENAME
+        record = {"rl_step": int(rl_step), "next_group": int(next_group),
+                  "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0}
+        path = trainer.save_checkpoint(self.run_dir / CHECKPOINT_DIR, rl_step, run=record)
+        self.saved_step = rl_step
+        return path
+
+
+def checkpoint_kind(run_dir: str | os.PathLike) -> str | None:
+    """'rl' or 'sft' for the newest readable checkpoint of a run; None when it has none.
+
+    When checkpoints exist but none has a readable meta.json, 'rl' (a resume then reports
+    them as damaged).
+    """
+    from agentax.train import DamagedCheckpointError, checkpoint_steps, read_checkpoint_meta
+
+    ckpt = Path(run_dir) / CHECKPOINT_DIR
+    steps = checkpoint_steps(ckpt)
+    for step in reversed(steps):
+        try:
+            return read_checkpoint_meta(ckpt / f"step_{step}")["kind"]
+        except DamagedCheckpointError:
+            continue
+    return "rl" if steps else None
+
+
+def restore_newest(run_dir: Path, trainer, say=print) -> dict[str, Any]:
+    """Restores the newest checkpoint of `run_dir` that can be read into `trainer`.
+
+    A checkpoint that cannot be read is reported (by `say`) and the next older one tried.
+
+    Returns:
+      The checkpoint's "run" record ({"rl_step", "next_group", "metrics_bytes"}; for
+      checkpoints older than that record, {"rl_step": trainer step}).
+    Raises:
+      DamagedCheckpointError: none of them can be read.
+      ValueError: the checkpoint was written by another model/trainer config.
+    """
+    from agentax.train import DamagedCheckpointError, checkpoint_steps, read_checkpoint_meta
+
+    ckpt = run_dir / CHECKPOINT_DIR
+    damaged: list[str] = []
+    for step in reversed(checkpoint_steps(ckpt)):
+        path = ckpt / f"step_{step}"
+        try:
+            meta = read_checkpoint_meta(path)
+            if meta["kind"] != "rl":
+                raise ConfigError(f"{run_dir} holds an SFT checkpoint ({path}); start RL from it "
+                                  f"with init.from_run={run_dir} in a new run")
+            trainer.restore_checkpoint(ckpt, step)
+        except DamagedCheckpointError as e:
+            say(f"[yellow]warning[/yellow]: {e}; trying the previous checkpoint")
+            damaged.append(str(path))
+            continue
+        record = dict(meta.get("run") or {"rl_step": trainer.step_count})
+        record["path"] = str(path)
+        return record
+    if damaged:
+        raise DamagedCheckpointError(
+            f"no checkpoint of {run_dir} can be read ({', '.join(damaged)}); delete "
+            f"{ckpt} to start the run over")
+    raise FileNotFoundError(f"{run_dir} has no checkpoint")
+
+
+def cut_metrics(run_dir: Path, record: dict[str, Any] | None) -> int:
+    """Cuts RUN_DIR/metrics.jsonl back to where it stood at the checkpoint `record`.
+
+    Rows written after the checkpoint belong to work the resumed run redoes; cutting them
+    keeps each step's row once. Greedy evaluations of steps up to the checkpoint (run
+    concurrently, so possibly logged after it) are kept. With `record` None (no checkpoint:
+    the run starts over) the file is emptied. Returns the number of rows removed.
+    """
+    path = run_dir / METRICS_FILENAME
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    keep_bytes = 0 if record is None else int(record.get("metrics_bytes", len(data)))
+    head, tail = data[:keep_bytes], data[keep_bytes:]
+    if not tail:
+        return 0
+    step = -1 if record is None else int(record.get("rl_step", -1))
+    kept, removed = [], 0
+    for line in tail.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a row cut short by a kill
+            removed += 1
+            continue
+        if row.get("phase") == "eval_mid" and row.get("step", step + 1) <= step:
+            kept.append(line + b"\n")
+        else:
+            removed += 1
+    # In place (the metrics logger may already hold the file open for appending).
+    with open(path, "r+b") as f:
+        f.truncate(len(head))
+        f.seek(len(head))
+        f.write(b"".join(kept))
+    return removed

@@ -24,7 +24,6 @@ from agentax.cli._build import (
     build_model,
     build_suite_for,
     build_tokenizer,
-    latest_checkpoint,
 )
 from agentax.cli._config import RunConfig
 from agentax.cli._evaluate import (
@@ -34,7 +33,15 @@ from agentax.cli._evaluate import (
     evaluate,
     task_metric_names,
 )
-from agentax.cli._rundir import CHECKPOINT_DIR, read_state, write_config, write_state
+from agentax.cli._rundir import (
+    CHECKPOINT_DIR,
+    RunCheckpointer,
+    checkpoint_kind,
+    cut_metrics,
+    restore_newest,
+    write_config,
+)
+from agentax.cli._signals import Interrupted, StopGuard
 from agentax.config import replace
 from agentax.rollout import Collector
 from agentax.trace import ConsoleView, MetricsLogger, get_tracer
@@ -166,10 +173,20 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
 
     Returns the summary (also written to RUN_DIR/summary.json).
     """
-    from agentax.pipeline import Pipeline
+    with StopGuard() as guard:
+        return _run_train(cfg, run_dir, resume, quiet, guard)
+
+
+def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: StopGuard) -> dict:
     from agentax.train import RLTrainer
 
-    write_config(run_dir, cfg)
+    # A resume keeps the old config.yaml until its checkpoint is restored (a failed resume
+    # with other overrides must not change what the next plain resume reads).
+    found = checkpoint_kind(run_dir) if resume else None
+    if found is None:
+        write_config(run_dir, cfg)
+    if resume and found is None:
+        cut_metrics(run_dir, None)  # nothing to continue from: the run starts over
     rep = Reporter(cfg, run_dir, quiet=quiet)
     try:
         rep.say(f"[bold]agentax train[/bold] -> {run_dir}")
@@ -177,8 +194,7 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
         suite = build_suite_for(cfg)
         model = build_model(cfg)
         rep.timings["startup_s"] = rep.elapsed()
-        found = latest_checkpoint(run_dir) if resume else None
-        state = read_state(run_dir) if found else {}
+        position: dict[str, Any] = {}
         summary: dict[str, Any] = {"run_dir": str(run_dir), "task": suite.name}
         engine = None
         try:
@@ -195,18 +211,18 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
                         f"loss {last.get('sft/loss', float('nan')):.3f}")
             trainer = RLTrainer(model, cfg.trainer)
             if found is not None:
-                ckpt, kind = found
-                if kind != "rl":
-                    raise ValueError(f"{run_dir} holds an SFT checkpoint; start RL from it with "
-                                     f"init.from_run={run_dir} in a new run")
-                trainer.restore_checkpoint(ckpt)
+                position = restore_newest(run_dir, trainer, say=rep.say)
+                cut = cut_metrics(run_dir, position)
+                write_config(run_dir, cfg)
                 model = trainer.export_model()
-                rep.say(f"resumed from step {trainer.step_count}")
-            start_step = trainer.step_count
+                rep.say(f"resumed from step {position['rl_step']} ({position['path']})"
+                        + (f"; {cut} later metrics rows cut" if cut else ""))
+            start_step = int(position.get("rl_step", trainer.step_count))
             if engine is None:
                 engine = build_engine(cfg, model, tokenizer, version=start_step)
             summary.update(_rl(cfg, rep, trainer, engine, tokenizer, suite, start_step,
-                               int(state.get("next_group", 0))))
+                               int(position.get("next_group", 0)), guard,
+                               RunCheckpointer(run_dir, start_step if position else None)))
         finally:
             if engine is not None:
                 stats = engine.stats()  # start-up cost: compiling, and the first decode call
@@ -229,8 +245,11 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
 
 
 def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_step: int,
-        start_group: int) -> dict:
+        start_group: int, guard: StopGuard, checkpointer: RunCheckpointer) -> dict:
     from agentax.pipeline import Pipeline
+
+    def checkpoint() -> None:
+        checkpointer.save(trainer, rl_step=pipeline.version, next_group=pipeline.next_group)
 
     out: dict[str, Any] = {}
     collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
@@ -272,9 +291,10 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         if views[0] is not None:
             views[0].update(record.step - 1, metrics)
         if cfg.run.checkpoint_every and record.step % cfg.run.checkpoint_every == 0:
-            _checkpoint(rep.run_dir, trainer, pipeline)
+            checkpoint()
         if cfg.eval.every and record.step % cfg.eval.every == 0 and record.step < cfg.run.steps:
             evals.append(asyncio.get_running_loop().create_task(_mid_eval(record.step)))
+        guard.step_logged()
 
     async def _mid_eval(step: int) -> None:
         results = await _evaluate(cfg, engine, tokenizer, suite, greedy=True, samples=0)
@@ -282,8 +302,9 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
             rep.log(step, {"phase": "eval_mid", "policy_version": r.policy_version,
                            **r.to_metrics()})
 
-    pipeline = Pipeline(collector, trainer, engine, list(suite.train_tasks), cfg.pipeline,
-                        on_step=on_step, on_episode=on_episode, start_version=start_step,
+    pipeline = Pipeline(collector, guard.trainer(trainer), engine, list(suite.train_tasks),
+                        cfg.pipeline, on_step=on_step, on_episode=on_episode,
+                        start_version=start_step,
                         start_group=start_group)
 
     async def watchdog() -> None:
@@ -302,18 +323,26 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
             seen_steps, seen_dropped = steps, dropped
 
     async def main() -> Any:
+        guard.enter_loop(asyncio.current_task())
+        try:
+            return await _main()
+        finally:
+            guard.leave_loop()
+
+    async def _main() -> Any:
         t = time.perf_counter()
-        if start_step == 0:
+        if start_step == 0 and checkpointer.saved_step is None:  # not on a resume: once
             out["eval_before"] = _report_eval(rep, 0, "before", await _evaluate(
                 cfg, engine, tokenizer, suite))
         rep.timings["eval_before_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        guard = asyncio.create_task(watchdog())
+        watch = asyncio.create_task(watchdog())
         try:
             result = await pipeline.arun(steps_left)
         finally:
-            guard.cancel()
+            watch.cancel()
         rep.timings["rl_s"] = time.perf_counter() - t
+        checkpoint()  # before the final evaluation, which a kill may interrupt
         if views and views[0] is not None:
             views[0].close()
         await asyncio.gather(*evals)
@@ -323,18 +352,22 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         rep.timings["eval_after_s"] = time.perf_counter() - t
         return result
 
-    result = asyncio.run(main())
-    _checkpoint(rep.run_dir, trainer, pipeline)
+    try:
+        result = asyncio.run(main())
+    except BaseException as e:
+        if guard.signum is None or not (guard.stopped(e) or isinstance(e, Interrupted)):
+            raise
+        if views and views[0] is not None:
+            views[0].close()
+        checkpoint()
+        raise Interrupted(guard.signum, f"stopped at RL step {pipeline.version}; checkpoint "
+                          f"{rep.run_dir / CHECKPOINT_DIR}/step_{checkpointer.saved_step} is "
+                          f"complete; continue with `agentax train {rep.run_dir}`") from None
     out.update(rl_steps=len(result.steps), trajectories_trained=result.trajectories_trained,
                trajectories_per_s=result.trajectories_per_s,
                trainer_idle_fraction=result.trainer_idle_fraction,
                accounting=result.accounting.summary())
     return out
-
-
-def _checkpoint(run_dir: Path, trainer, pipeline) -> None:
-    trainer.save_checkpoint(run_dir / CHECKPOINT_DIR)
-    write_state(run_dir, rl_step=trainer.step_count, next_group=pipeline.next_group)
 
 
 def _doctor_summary(run_dir: Path, rep: Reporter) -> dict:

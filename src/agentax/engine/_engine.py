@@ -357,7 +357,10 @@ class Engine:
                 if not worked:
                     self._wake.wait(self.config.idle_wait_s)
         except BaseException as exc:  # noqa: BLE001 - reported, and fails every request
-            log.exception("agentax engine step loop failed")
+            # One line: every waiting and later caller gets an EngineError chained to it (the
+            # CLI's --debug shows the traceback); the full traceback is logged at debug level.
+            log.error("agentax engine step loop failed: %s: %s", type(exc).__name__, exc)
+            log.debug("engine step loop failure", exc_info=True)
             self._error = exc
         finally:
             self._closing = True

@@ -234,7 +234,8 @@ class Environment(abc.ABC):
         try:
             if not inspect.isawaitable(coro):
                 raise TypeError(f"_{call} must be `async def` (it returned {type(coro).__name__})")
-            return await asyncio.wait_for(coro, timeout_s)
+            async with asyncio.timeout(timeout_s):  # no inner task whose error could go unseen
+                return await coro
         except EnvError as e:
             # A subclass (or a reward inside it) reported a typed failure itself.
             st = self._state()

@@ -49,21 +49,47 @@ def read_hf_config(path: str | os.PathLike, *, strict: bool = True) -> ModelConf
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"no config.json in checkpoint directory '{path}'")
-    return config_from_hf(json.loads(config_file.read_text()), strict=strict)
+    try:
+        data = json.loads(config_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config_file} is not valid JSON ({e}); restore the checkpoint's "
+                         "config.json") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_file} holds a JSON {type(data).__name__}, not an object of "
+                         "model settings; restore the checkpoint's config.json")
+    try:
+        return config_from_hf(data, strict=strict)
+    except (TypeError, KeyError, AttributeError) as e:  # a field of the wrong JSON type
+        raise ValueError(f"{config_file}: a field has the wrong type ({type(e).__name__}: {e}); "
+                         "compare it with the model's published config.json") from None
+
+
+def _open_tensors(file: Path):
+    """`safe_open(file)`, with an error naming the file when it is not valid safetensors."""
+    try:
+        return safe_open(file, framework="numpy")
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError)
+        raise ValueError(f"{file} is not a readable safetensors file ({' '.join(str(e).split())})"
+                         "; it may be truncated: download or export it again") from None
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> safetensors file holding it."""
     index = path / _INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = {str(k): str(v) for k, v in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index} is not a safetensors index (a JSON object with a "
+                             "'weight_map' object); restore it from the checkpoint") from None
         missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
         if missing:
             raise FileNotFoundError(f"{_INDEX} in '{path}' lists missing shard file(s) {missing}")
         return {name: path / f for name, f in weight_map.items()}
     single = path / _SINGLE
     if single.is_file():
-        with safe_open(single, framework="numpy") as f:
+        with _open_tensors(single) as f:
             return {name: single for name in f.keys()}
     others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
     raise FileNotFoundError(
@@ -167,11 +193,16 @@ def load_pretrained(
     for name in table:
         by_file.setdefault(files[name], []).append(name)
     for file, names in by_file.items():
-        with safe_open(file, framework="numpy") as f:
+        with _open_tensors(file) as f:
             for name in names:
                 spec = table[name]
                 var = targets[spec.path]
-                array = _as_param(f.get_tensor(name), name, spec, var.value)
+                try:
+                    tensor = f.get_tensor(name)
+                except Exception as e:  # a damaged data section
+                    raise ValueError(f"{file}: tensor '{name}' cannot be read ({e}); the file "
+                                     "may be truncated: download or export it again") from None
+                array = _as_param(tensor, name, spec, var.value)
                 filled[spec.path] = var.replace(array)
     left = sorted(set(targets) - set(filled))
     if left:  # a table/model mismatch: a bug in agentax, not in the checkpoint

@@ -295,6 +295,8 @@ def config_from_hf(config_json: dict, *, strict: bool = True) -> ModelConfig:
       The config; `dtype` and `param_dtype` follow the file's `dtype` / `torch_dtype`
       (float16 checkpoints compute in float32).
     """
+    if not isinstance(config_json, dict):
+        raise ValueError(f"config.json must hold a JSON object, got a {type(config_json).__name__}")
     family, raw, outer = _family(config_json)
     f = _Fields(raw, _DEFAULTS[family], strict)
     if family == "gemma3":

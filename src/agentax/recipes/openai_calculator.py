@@ -4,7 +4,7 @@
 function, runs the calls the model makes with its own arithmetic, sends the results back, and
 stops at the first reply without a tool call. Nothing in it knows about agentax; `make_env`
 wraps it in an `OpenAIAgentEnvironment`, which points its `client` at the engine's endpoint
-and records each episode token-exactly. `calculator_openai.yaml` trains it with `agentax train`
+and records each episode token-exactly. `openai_calculator.yaml` trains it with `agentax train`
 (see docs/openai.md); its prompts list the tool, so its warm start renders demonstrations with
 the same tool list (`agent.kwargs.list_tools: true`).
 """
@@ -15,10 +15,11 @@ import ast
 import operator
 from typing import Any
 
+from agentax.recipes import calculator as _native
 from agentax.recipes._calculator import calculator_reward
 from agentax.serve import OpenAIAgentEnvironment
 
-__all__ = ["CALCULATOR_TOOL", "calculator_agent", "make_env"]
+__all__ = ["CALCULATOR_TOOL", "calculator_agent", "demos", "make_agent", "make_env", "tasks"]
 
 CALCULATOR_TOOL = {
     "type": "function",
@@ -77,3 +78,16 @@ def make_env(**kwargs: Any) -> OpenAIAgentEnvironment:
     """The SDK agent as an environment; the reward is the calculator's exact-number check on
     its last reply without a tool call."""
     return OpenAIAgentEnvironment(calculator_agent, reward_fn=calculator_reward, **kwargs)
+
+
+def make_agent(**kwargs: Any):
+    """Not an agent of the episodes (the SDK agent is its own): it tells the warm start which
+    tool list to render the demonstrations with, the one the SDK agent sends."""
+    return _native.make_agent(list_tools=True, **kwargs)
+
+
+tasks = _native.tasks
+"""The calculator demo's questions (training and held-out)."""
+
+demos = _native.demos
+"""The calculator demo's sloppy demonstrator."""

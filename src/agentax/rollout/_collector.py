@@ -143,7 +143,11 @@ class Collector:
         state = _EpisodeState()
         t0 = time.perf_counter()
         try:
-            await asyncio.wait_for(self._loop(task, seed, agent, env, builder, state), cfg.episode_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the coroutine in an inner
+            # task whose exception is never retrieved when the episode is cancelled as it fails
+            # (a breaker stopping the run printed one "Task exception was never retrieved" each).
+            async with asyncio.timeout(cfg.episode_timeout_s):
+                await self._loop(task, seed, agent, env, builder, state)
         except _ModelTimeout:
             state.fail(TrajectoryStatus.TIMEOUT, "model_timeout",
                        f"no reply within model_timeout_s={cfg.model_timeout_s}")
@@ -236,10 +240,9 @@ class Collector:
             with tracer.span(names.MODEL_CALL, args={"prompt_tokens": int(len(prompt_ids))}) as span:
                 t = time.perf_counter()
                 try:
-                    completion = await asyncio.wait_for(
-                        self.engine.generate(prompt_ids, call, sequence_id=state.sequence_id),
-                        cfg.model_timeout_s,
-                    )
+                    async with asyncio.timeout(cfg.model_timeout_s):
+                        completion = await self.engine.generate(
+                            prompt_ids, call, sequence_id=state.sequence_id)
                 except TimeoutError:
                     raise _ModelTimeout from None  # told apart from the episode's own timeout
                 state.add_time("model_s", t)
@@ -275,7 +278,8 @@ class Collector:
                 pass
             state.sequence_id = None
         try:
-            await asyncio.wait_for(env.close(), self.config.close_timeout_s)
+            async with asyncio.timeout(self.config.close_timeout_s):
+                await env.close()
         except Exception:  # noqa: BLE001 - close failures are counted, never fatal
             state.info["close_failed"] = True
 

@@ -4,21 +4,31 @@ Feed `RLTrainer.step(groups)` complete `records.Group`s; publish `params_for_eng
 `policy_version`. See docs/training.md.
 """
 
-from agentax.train._checkpoint import latest_checkpoint_step
+from agentax.train._checkpoint import (
+    DamagedCheckpointError,
+    checkpoint_steps,
+    latest_checkpoint_step,
+    read_checkpoint_meta,
+)
 from agentax.train._config import LoRAConfig, TrainerConfig
 from agentax.train._rl import RLTrainer, TrainMetrics
 from agentax.train._sft import SFTMetrics, SFTTrainer, sft_examples
 from agentax.train._sharding import DEFAULT_PARTITION_RULES, make_mesh
+from agentax.train._step import NonFiniteUpdateError
 
 __all__ = [
+    "DamagedCheckpointError",
     "DEFAULT_PARTITION_RULES",
     "LoRAConfig",
+    "NonFiniteUpdateError",
     "RLTrainer",
     "SFTMetrics",
     "SFTTrainer",
     "TrainMetrics",
     "TrainerConfig",
+    "checkpoint_steps",
     "latest_checkpoint_step",
     "make_mesh",
+    "read_checkpoint_meta",
     "sft_examples",
 ]

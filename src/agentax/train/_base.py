@@ -266,13 +266,16 @@ class TrainerBase:
         self.num_skipped_steps = int(meta["num_skipped_steps"])
         self.data_position = int(meta["data_position"])
 
-    def save_checkpoint(self, directory, step: int | None = None):
+    def save_checkpoint(self, directory, step: int | None = None, *, run: dict | None = None):
         """Writes params, optimizer state, RNG and counters to `directory/step_<step>`.
 
-        Returns the path written. `step` defaults to the number of applied updates.
+        Returns the path written. `step` defaults to the number of applied updates. The
+        directory appears only once complete (written under a temporary name, then renamed).
+        `run`: a JSON-able record of the caller's position, stored as meta.json's "run".
         """
         from agentax.train._checkpoint import save_trainer_checkpoint
-        return save_trainer_checkpoint(self, directory, self.step_count if step is None else step)
+        return save_trainer_checkpoint(self, directory, self.step_count if step is None else step,
+                                       run=run)
 
     def restore_checkpoint(self, directory, step: int | None = None) -> int:
         """Restores the latest (or the given) checkpoint under `directory`; returns its step.

@@ -1,46 +1,143 @@
 """Orbax checkpoints of a trainer: params, optimizer state, RNG, step, data position, version.
 
 Layout: `DIR/step_<N>/state` (an Orbax StandardCheckpointer pytree) and
-`DIR/step_<N>/meta.json` (counters, the model config and the LoRA setup). Restoring checks the
-metadata first, so a checkpoint from a different model fails with a message naming the
-mismatched fields instead of an opaque shape error; arrays are restored onto the shardings of
-the live trainer (so a checkpoint written on 8 devices restores on 1 and vice versa).
+`DIR/step_<N>/meta.json` (counters, the model config, the LoRA setup and, optionally, the
+caller's `run` record). Restoring checks the metadata first, so a checkpoint from a different
+model fails with a message naming the mismatched fields instead of an opaque shape error;
+arrays are restored onto the shardings of the live trainer (so a checkpoint written on 8
+devices restores on 1 and vice versa).
+
+Crash safety: a checkpoint is written under a temporary name (`DIR/.tmp-step_<N>-<pid>`),
+flushed to disk, and renamed to `step_<N>` only when complete, so every `step_<N>` directory
+is complete and a process killed mid-save leaves only a temporary directory (removed by the
+next save). Replacing an existing `step_<N>` renames it aside to `step_<N>.replaced` first
+and deletes it only after the new one is in place; a kill between the two renames leaves the
+old one, which `checkpoint_steps` renames back. Nothing here deletes another step.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 
-__all__ = ["save_trainer_checkpoint", "restore_trainer_checkpoint", "latest_checkpoint_step"]
+__all__ = ["DamagedCheckpointError", "checkpoint_steps", "latest_checkpoint_step",
+           "read_checkpoint_meta", "restore_trainer_checkpoint", "save_trainer_checkpoint"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_REPLACED = ".replaced"
+_TMP_PREFIX = ".tmp-step_"
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint directory exists but cannot be read (truncated or corrupted files)."""
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flushes every file under `path`, then the directories, to disk (power-loss safety)."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(root))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _recover_replaced(d: Path) -> None:
+    """Renames back a `step_N.replaced` whose replacement never arrived (killed mid-swap)."""
+    for p in d.iterdir():
+        if p.name.endswith(_REPLACED) and _STEP_DIR.match(p.name[: -len(_REPLACED)]):
+            final = d / p.name[: -len(_REPLACED)]
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.rename(p, final)
+
+
+def checkpoint_steps(directory) -> list[int]:
+    """The N of every `DIR/step_N` that has a meta.json, ascending (empty when none)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    _recover_replaced(d)
+    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _STEP_DIR.match(p.name))
+                  and (p / "meta.json").is_file())
 
 
 def latest_checkpoint_step(directory) -> int | None:
     """The largest N with a complete DIR/step_N checkpoint, or None."""
-    d = Path(directory)
-    if not d.is_dir():
-        return None
-    steps = [int(m.group(1)) for p in d.iterdir() if (m := _STEP_DIR.match(p.name))
-             and (p / "meta.json").exists()]
-    return max(steps) if steps else None
+    steps = checkpoint_steps(directory)
+    return steps[-1] if steps else None
 
 
-def save_trainer_checkpoint(trainer, directory, step: int) -> Path:
-    path = Path(directory).absolute() / f"step_{int(step)}"
-    path.mkdir(parents=True, exist_ok=True)
+def read_checkpoint_meta(path) -> dict:
+    """meta.json of the checkpoint directory `path` (`DIR/step_N`).
+
+    Raises:
+      DamagedCheckpointError: it is missing or not a JSON object.
+    """
+    file = Path(path) / "meta.json"
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DamagedCheckpointError(f"{file} cannot be read ({e}); delete {Path(path)} to "
+                                     "fall back to the previous checkpoint") from None
+    if not isinstance(meta, dict) or "kind" not in meta:
+        raise DamagedCheckpointError(f"{file} is not a checkpoint's meta.json; delete "
+                                     f"{Path(path)} to fall back to the previous checkpoint")
+    return meta
+
+
+def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None = None) -> Path:
+    """Writes `trainer`'s state to `directory/step_<step>` atomically (see module docstring).
+
+    `run` is stored as meta.json's "run" record (the caller's position: pipeline step, data
+    position, log offsets); `read_checkpoint_meta(path)["run"]` gives it back.
+    """
+    d = Path(directory).absolute()
+    d.mkdir(parents=True, exist_ok=True)
+    for stale in d.glob(_TMP_PREFIX + "*"):  # left by a writer that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    final = d / f"step_{int(step)}"
+    tmp = d / f"{_TMP_PREFIX}{int(step)}-{os.getpid()}"
+    tmp.mkdir()
     ckptr = ocp.StandardCheckpointer()
-    ckptr.save(path / "state", trainer._checkpoint_state(), force=True)
-    ckptr.wait_until_finished()
-    ckptr.close()
-    # meta.json last: its presence marks the checkpoint complete.
-    (path / "meta.json").write_text(json.dumps(trainer._checkpoint_meta(), indent=1))
-    return path
+    try:
+        ckptr.save(tmp / "state", trainer._checkpoint_state())
+        ckptr.wait_until_finished()
+    finally:
+        ckptr.close()
+    meta = trainer._checkpoint_meta()
+    if run is not None:
+        meta["run"] = run
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    _fsync_tree(tmp)
+    if final.exists():
+        aside = d / (final.name + _REPLACED)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
+        os.rename(tmp, final)
+        _fsync_dir(d)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+        _fsync_dir(d)
+    return final
 
 
 def _diff(saved: dict, live: dict, prefix: str = "") -> list[str]:
@@ -55,6 +152,13 @@ def _diff(saved: dict, live: dict, prefix: str = "") -> list[str]:
 
 
 def restore_trainer_checkpoint(trainer, directory, step: int | None = None) -> int:
+    """Loads `directory/step_<step>` (default: the newest) into `trainer`; returns the step.
+
+    Raises:
+      FileNotFoundError: no such checkpoint.
+      ValueError: it was written by a different model / LoRA setup / trainer kind.
+      DamagedCheckpointError: its files cannot be read.
+    """
     d = Path(directory).absolute()
     if step is None:
         step = latest_checkpoint_step(d)
@@ -63,7 +167,7 @@ def restore_trainer_checkpoint(trainer, directory, step: int | None = None) -> i
     path = d / f"step_{int(step)}"
     if not (path / "meta.json").exists():
         raise FileNotFoundError(f"no checkpoint at {path} (missing meta.json)")
-    meta = json.loads((path / "meta.json").read_text())
+    meta = read_checkpoint_meta(path)
     live = trainer._checkpoint_meta()
     problems = _diff({k: meta.get(k) for k in ("kind", "model_config", "lora")},
                      {k: live[k] for k in ("kind", "model_config", "lora")})
@@ -76,9 +180,15 @@ def restore_trainer_checkpoint(trainer, directory, step: int | None = None) -> i
     try:
         state = ckptr.restore(path / "state", target)
     except (ValueError, KeyError) as e:
-        raise ValueError(f"checkpoint {path} has a different parameter/optimizer tree than this "
-                         f"trainer ({e}); build the trainer with the same config it was saved "
-                         "from") from e
+        raise DamagedCheckpointError(
+            f"checkpoint {path / 'state'} cannot be restored into this trainer "
+            f"({' '.join(str(e).split())[:200]}): it is damaged (delete {path} to fall back to "
+            "the previous checkpoint) or was saved with a different trainer config") from None
+    except Exception as e:  # noqa: BLE001 - tensorstore/OS errors of damaged files
+        raise DamagedCheckpointError(
+            f"checkpoint {path / 'state'} cannot be read ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]}); delete {path} to fall back to the previous "
+            "checkpoint") from None
     finally:
         ckptr.close()
     trainer._load_checkpoint(state, meta)

@@ -120,6 +120,10 @@ class TrainerConfig:
     """Train low-rank adapters instead of all weights."""
     seed: int = 0
     """Seed of the trainer RNG (value-head init, LoRA init)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss, gradient or update is NaN/inf is never applied. 'stop': raise
+    `NonFiniteUpdateError` (the run ends before it can checkpoint or export anything after
+    it). 'skip': count it (`skipped`) and go on with the next batch."""
 
     def __post_init__(self) -> None:
         err = ConfigError

@@ -30,7 +30,7 @@ from agentax.train._base import TrainerBase, _copy
 from agentax.train._batch import HostSequence, MicroBatch
 from agentax.train._config import TrainerConfig
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
-from agentax.train._step import GraphDefs, compute_advantages, score_tokens
+from agentax.train._step import GraphDefs, NonFiniteUpdateError, compute_advantages, score_tokens
 
 __all__ = ["RLTrainer", "TrainMetrics"]
 
@@ -208,6 +208,13 @@ class RLTrainer(TrainerBase):
         self.policy_version += applied
         skipped = applied == 0
         self.num_skipped_steps += int(skipped)
+        if applied < len(epochs) and c.on_nonfinite == "stop":
+            bad = next(stats for _, stats in epochs if not bool(stats["applied"]))
+            raise NonFiniteUpdateError(
+                f"RL step {self.step_count + 1}: loss {float(bad['loss']):.4g}, gradient norm "
+                f"{float(bad['grad_norm']):.4g} — a NaN/inf loss, gradient or update; it was not "
+                "applied. Lower trainer.learning_rate or check the rewards, or set "
+                "trainer.on_nonfinite=skip to skip such steps")
         metrics = self._combine(epochs[0][0], float(counts["tokens"]))
         adv_abs = float(sum(np.abs(np.asarray(b.advantages)).sum() for b in batches)
                         / counts["tokens"])

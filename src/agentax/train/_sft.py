@@ -23,6 +23,7 @@ from agentax.train._base import TrainerBase
 from agentax.train._batch import HostSequence
 from agentax.train._config import TrainerConfig
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
+from agentax.train._step import NonFiniteUpdateError
 
 __all__ = ["SFTTrainer", "SFTMetrics", "sft_examples"]
 
@@ -143,6 +144,11 @@ class SFTTrainer(TrainerBase):
             self.step_count -= skipped
             self.num_skipped_steps += skipped
             self._pending.clear()
+            if skipped and self.config.on_nonfinite == "stop":
+                raise NonFiniteUpdateError(
+                    f"{skipped} SFT step(s) had a NaN/inf loss, gradient or update and were not "
+                    "applied. Lower sft.learning_rate or check the data, or set "
+                    "trainer.on_nonfinite=skip to skip such steps")
 
     def fit(self, examples: Sequence[Any], *, batch_size: int, num_steps: int,
             log_every: int = 0, log=print) -> list[dict[str, float]]:

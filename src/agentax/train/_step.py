@@ -2,7 +2,8 @@
 
 * `accumulate_grads` — loss and gradients of one micro-batch, added to a running sum.
 * `apply_update` — one optimizer update from the summed gradients, skipped (params and
-  optimizer state kept) when the loss or the gradient norm is not finite or no token trained.
+  optimizer state kept) when the loss, the gradient norm or the update is not finite, or no
+  token trained; the trainer then stops or skips (`TrainerConfig.on_nonfinite`).
 * `score_tokens` — logprobs of the targets (and value-head outputs) without gradients: the
   proximal policy before an update, or the frozen reference policy.
 * `compute_advantages` — an `agentax.algos` advantage estimator by name, on the
@@ -26,8 +27,15 @@ from agentax import algos
 from agentax.train._batch import Batch
 from agentax.train._config import TrainerConfig
 
-__all__ = ["GraphDefs", "CompileCounter", "accumulate_grads", "apply_update",
-           "score_tokens", "compute_advantages", "init_optimizer", "SUM_METRICS"]
+__all__ = ["GraphDefs", "CompileCounter", "NonFiniteUpdateError", "accumulate_grads",
+           "apply_update", "score_tokens", "compute_advantages", "init_optimizer", "SUM_METRICS"]
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """A step's loss, gradient or update was NaN/inf (`TrainerConfig.on_nonfinite='stop'`).
+
+    The update was not applied: the trainer still holds the weights of the last good step.
+    """
 
 # Metrics that are already normalised by the whole-batch count: micro-batch values add up.
 SUM_METRICS = frozenset({"loss", "pg_loss", "kl", "vf_loss", "entropy", "nll", "num_tokens",
@@ -164,7 +172,7 @@ def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, a
                    donate_argnames=("params", "opt_state", "acc"))
 def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransformation,
                  state_shardings: tuple | None = None):
-    """One optimizer update; skipped when loss/grad norm are not finite or nothing trained.
+    """One optimizer update; skipped when loss/grads/update are not finite or nothing trained.
 
     Returns:
       (params, opt_state, zeroed acc for the next step, {"grad_norm", "applied", "loss"}).
@@ -174,6 +182,8 @@ def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransf
     ok = jnp.isfinite(acc["loss"]) & jnp.isfinite(grad_norm) & (num_tokens > 0)
     safe_grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
     updates, new_opt = tx.update(safe_grads, opt_state, params)
+    # A finite gradient can still give a non-finite update (a NaN learning rate or epsilon).
+    ok = ok & jnp.isfinite(optax.global_norm(updates))
     new_params = optax.apply_updates(params, updates)
     keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
     params = jax.tree.map(keep, new_params, params)

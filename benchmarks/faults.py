@@ -1,0 +1,286 @@
+"""Fault injection on real `agentax` processes: kills, signals, NaNs, bad inputs.
+
+Every fault is injected into a real `agentax train` child process (a miniature demo run on
+the CPU: no SFT, no evaluation episodes), and the run directory is checked afterwards:
+
+* kill -9 while Orbax writes the last checkpoint, once it is complete under its temporary
+  name, and at an arbitrary moment mid-run; SIGINT and SIGTERM during RL. Each is followed by
+  the documented resume (`agentax train RUN_DIR`). The run "ended correctly" when the resume
+  continued from the newest complete checkpoint, finished, and metrics.jsonl holds every RL
+  step exactly once; `data_lost` counts RL rows missing or duplicated and complete
+  checkpoints that disappeared.
+* NaN weights: the run must stop with one line, before any checkpoint.
+* Runs that cannot make progress (an environment whose reset always raises, an engine
+  thread that dies, model calls that all time out): `agentax train` must end within 60 s
+  (start-up and compilation included) with a non-zero exit and one `run stopped` line.
+* Sandbox attacks: five forked children each holding 100 MiB under a 256 MiB sandbox, and
+  12 x 4 MB files under a 16 MiB disk quota; contained when the host never sees more.
+* Bad inputs (tests/faults/fault_helpers.py `bad_inputs`): each must be answered by exactly
+  one `agentax CMD: error:` line with a non-zero exit and no traceback. The full run starts a
+  process per input; --quick calls `agentax.cli.main` in this process.
+
+The baseline is the same run without a fault: a fault "survives" when the run directory ends
+up as a fault-free run would have left it (same RL steps, each once).
+
+Usage: python benchmarks/faults.py [--quick]. The last line is the JSON of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+from tests.faults.fault_helpers import (  # noqa: E402
+    TINY,
+    bad_inputs,
+    checkpoint_dirs,
+    error_lines,
+    rl_steps,
+    run,
+    send,
+    start,
+    wait_for_rl_step,
+)
+
+
+def _complete(run_dir: Path) -> set[str]:
+    return {d for d in checkpoint_dirs(run_dir) if d.startswith("step_")}
+
+
+def _check(run_dir: Path, steps: int, before: set[str]) -> tuple[bool, int, str]:
+    """(ended correctly, data lost, note) once the resumed run has finished."""
+    rows = rl_steps(run_dir)
+    want = list(range(1, steps + 1))
+    lost = sum(abs(rows.count(s) - 1) for s in want) + len(before - _complete(run_dir))
+    ok = rows == want and lost == 0
+    return ok, lost, f"rl rows {rows}"
+
+
+def _args(root: Path, name: str, steps: int, every: int) -> list[str]:
+    return ["train", *TINY, f"run.runs_dir={root}", f"run.name={name}", f"run.steps={steps}",
+            f"run.checkpoint_every={every}"]
+
+
+def fault_kill_in_save(root: Path, point: str) -> dict:
+    """kill -9 during the last checkpoint's save, then resume."""
+    run_dir = root / f"kill_{point}"
+    killed = run(_args(root, run_dir.name, 2, 1), kill_at=f"{point}:2")
+    before = _complete(run_dir)
+    resumed = run(["train", str(run_dir)])
+    ok, lost, note = _check(run_dir, 2, before)
+    ok = ok and killed.returncode == -signal.SIGKILL and resumed.returncode == 0 \
+        and "resumed from step 1" in resumed.stderr
+    return {"kind": f"kill -9 during save ({point})", "ok": ok, "data_lost": lost, "note": note}
+
+
+def fault_kill_mid_run(root: Path) -> dict:
+    """kill -9 at an arbitrary moment (after RL step 2 is logged), then resume."""
+    run_dir = root / "kill_mid"
+    proc = start(_args(root, run_dir.name, 4, 2))
+    reached = wait_for_rl_step(proc, run_dir, 3)
+    code, _, _ = send(proc, signal.SIGKILL)
+    before = _complete(run_dir)
+    resumed = run(["train", str(run_dir)])
+    ok, lost, note = _check(run_dir, 4, before)
+    ok = ok and reached and code == -signal.SIGKILL and resumed.returncode == 0
+    return {"kind": "kill -9 mid-run", "ok": ok, "data_lost": lost, "note": note}
+
+
+def fault_signal(root: Path, sig: signal.Signals) -> dict:
+    """SIGINT / SIGTERM during RL: exit 128+N with one line and a checkpoint; then resume."""
+    run_dir = root / f"sig_{sig.name}"
+    proc = start(_args(root, run_dir.name, 40, 0))
+    reached = wait_for_rl_step(proc, run_dir, 1)
+    code, _, err = send(proc, sig)
+    stopped = rl_steps(run_dir)
+    k = stopped[-1] if stopped else 0
+    before = _complete(run_dir)
+    saved = f"step_{k}" in before
+    last = (error_lines(err) or [""])[-1]
+    resumed = run(["train", str(run_dir), f"run.steps={k + 1}"])
+    ok, lost, note = _check(run_dir, k + 1, before)
+    ok = ok and reached and code == 128 + sig and saved and "Traceback" not in err \
+        and last.startswith("agentax train: stopped at RL step") and resumed.returncode == 0
+    return {"kind": f"{sig.name} during RL", "ok": ok, "data_lost": lost,
+            "note": f"stopped at {k}; {note}"}
+
+
+def fault_nan(root: Path) -> dict:
+    """NaN weights: one line, non-zero exit, no RL row and no checkpoint."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from agentax.cli import RunConfig
+    from agentax.models import Transformer, save_pretrained
+
+    model = Transformer(RunConfig().model, rngs=nnx.Rngs(0))
+    w = model.final_norm.weight
+    w.value = jnp.full_like(w.value, jnp.nan)
+    save_pretrained(model, root / "nan_model")
+    run_dir = root / "nan"
+    result = run([*_args(root, "nan", 3, 1), f"init.model_path={root / 'nan_model'}",
+                  "init.tokenizer=byte"])
+    last = (error_lines(result.stderr) or [""])[-1]
+    ok = result.returncode not in (0, None) and "Traceback" not in result.stderr \
+        and "on_nonfinite" in last and not _complete(run_dir) and rl_steps(run_dir) == []
+    return {"kind": "NaN loss", "ok": ok, "data_lost": 0, "note": last[:80]}
+
+
+def fault_stops(root: Path, kind: str, name: str, *, overrides=(), fault: str = "") -> dict:
+    """A run that cannot make progress: one `run stopped` line, non-zero exit, within 60 s."""
+    t0 = time.perf_counter()
+    result = run([*_args(root, name, 40, 0), *overrides], fault=fault, timeout=600)
+    wall = time.perf_counter() - t0
+    lines = [x for x in error_lines(result.stderr) if x.startswith("agentax train: error")]
+    ok = result.returncode not in (0, None) and "Traceback" not in result.stderr \
+        and len(lines) == 1 and "run stopped" in lines[0] and wall <= 60
+    return {"kind": kind, "ok": ok, "data_lost": 0,
+            "note": f"exit {result.returncode} after {wall:.0f} s: "
+                    f"{(lines or [result.stderr.strip()[-90:]])[-1][:90]}"}
+
+
+_FORK_AND_HOLD = """
+import os, time
+kids = []
+for i in range(5):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(100 * 2**20)
+        for j in range(0, len(block), 4096):
+            block[j] = 1
+        time.sleep(1.0)
+        os._exit(0)
+    kids.append(pid)
+print("CODES", [os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids])
+"""
+
+
+def sandbox_attacks() -> list[dict]:
+    """Model-written code that tries to take the host's memory or disk, in a real sandbox."""
+    import asyncio
+    import os
+
+    from agentax.tools import Sandbox, SandboxConfig, SandboxUnavailableError
+    from agentax.tools import check_sandbox_available
+
+    fast = dict(timeout_s=20.0, cpu_time_s=10, max_output_bytes=4000)
+    try:
+        check_sandbox_available()
+    except SandboxUnavailableError as e:
+        return [{"attack": "sandbox", "contained": False, "note": f"no sandbox here: {e}"}]
+    out = []
+    with Sandbox(SandboxConfig(memory_mb=256, **fast)) as sb:
+        if not sb.quotas.get("group"):
+            out.append({"attack": "5 forked children x 100 MiB (limit 256 MiB)",
+                        "contained": False, "note": "no cgroup on this host: per-process limits"})
+        else:
+            r = asyncio.run(sb.run_python(_FORK_AND_HOLD))
+            line = [x for x in r.stdout.splitlines() if x.startswith("CODES")]
+            codes = json.loads(line[0][len("CODES"):]) if line else []
+            held = codes.count(0) * 100
+            out.append({"attack": "5 forked children x 100 MiB (limit 256 MiB)",
+                        "contained": bool(codes) and held < 256,
+                        "note": f"{held} MiB held at once; exit codes {codes}"})
+    with Sandbox(SandboxConfig(max_disk_mb=16, max_file_mb=4, **fast)) as sb:
+        if not sb.quotas.get("disk"):
+            out.append({"attack": "12 files x 4 MB (quota 16 MiB)", "contained": False,
+                        "note": "no tmpfs quota on this host"})
+        else:
+            asyncio.run(sb.run_bash(
+                "for i in $(seq 1 6); do head -c 4000000 /dev/zero > /workspace/w$i; "
+                "head -c 4000000 /dev/zero > /tmp/t$i; done 2>/dev/null; echo END"))
+            host = sum(os.path.getsize(os.path.join(d, f)) for d in (sb._work, sb._tmp)
+                       for f in os.listdir(d))
+            out.append({"attack": "12 files x 4 MB (quota 16 MiB)",
+                        "contained": host <= 16 * 2**20,
+                        "note": f"{host / 2**20:.1f} MiB reached the host"})
+    return out
+
+
+def try_bad_inputs(root: Path, *, in_process: bool) -> list[dict]:
+    from agentax.cli import main
+
+    out = []
+    for name, args, needle in bad_inputs(root / "bad"):
+        if in_process:
+            err_buf = io.StringIO()
+            with contextlib.redirect_stderr(err_buf), contextlib.redirect_stdout(io.StringIO()):
+                status = main(args)
+            err = err_buf.getvalue()
+        else:
+            result = run(args, timeout=300)
+            status, err = result.returncode, result.stderr
+        lines = [line for line in error_lines(err) if line.startswith("agentax ")]
+        one_line = (status not in (0, None) and len(lines) == 1 and needle in lines[0]
+                    and "Traceback" not in err)
+        out.append({"input": name, "one_line": one_line, "exit": status,
+                    "line": lines[-1][:110] if lines else err.strip()[-110:]})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="two kills and SIGINT only; bad inputs in this process")
+    opts = parser.parse_args()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="agentax-faults-") as tmp:
+        root = Path(tmp)
+        faults = [fault_kill_in_save(root, "rename"), fault_signal(root, signal.SIGINT)]
+        if not opts.quick:
+            faults += [fault_kill_in_save(root, "orbax"), fault_kill_mid_run(root),
+                       fault_signal(root, signal.SIGTERM), fault_nan(root),
+                       fault_stops(root, "always-failing environment", "env",
+                                   fault="env_raises"),
+                       fault_stops(root, "engine thread dies", "engine", fault="engine_dies"),
+                       fault_stops(root, "every model call times out", "timeout",
+                                   overrides=["collector.model_timeout_s=0.001"])]
+        bad = try_bad_inputs(root, in_process=opts.quick)
+    attacks = sandbox_attacks()
+
+    print("| fault injected | ended correctly | data lost | note |")
+    print("|---|---|---|---|")
+    for f in faults:
+        print(f"| {f['kind']} | {'yes' if f['ok'] else 'NO'} | {f['data_lost']} | {f['note']} |")
+    print()
+    print("| sandbox attack | contained | note |")
+    print("|---|---|---|")
+    for a in attacks:
+        print(f"| {a['attack']} | {'yes' if a['contained'] else 'NO'} | {a['note']} |")
+    print()
+    print("| bad input | one line, non-zero exit | exit | the line |")
+    print("|---|---|---|---|")
+    for b in bad:
+        print(f"| {b['input']} | {'yes' if b['one_line'] else 'NO'} | {b['exit']} | "
+              f"{b['line'].replace('|', '/')} |")
+    figures = {
+        "faults_injected": len(faults),
+        "faults_survived": sum(f["ok"] for f in faults),
+        "sandbox_attacks": len(attacks),
+        "sandbox_attacks_contained": sum(bool(a["contained"]) for a in attacks),
+        "bad_inputs_tried": len(bad),
+        "bad_inputs_one_line": sum(b["one_line"] for b in bad),
+        "data_lost": sum(f["data_lost"] for f in faults),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "quick": opts.quick,
+    }
+    if not opts.quick:
+        results = ROOT / "benchmarks" / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        (results / "faults.json").write_text(json.dumps(figures, indent=1) + "\n")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
