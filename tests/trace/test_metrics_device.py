@@ -1,6 +1,5 @@
 """Metrics sinks, device spans and the profiler window."""
 
-import io
 import json
 import os
 
@@ -10,16 +9,20 @@ import numpy as np
 import pytest
 
 from agentax.trace import Tracer, names, read_trace
-from agentax.trace._metrics import ConsoleView, MetricsLogger, read_metrics
+from agentax.trace import MetricsLogger, read_metrics
 
 
 def test_metrics_jsonl_tensorboard_and_console(tmp_path):
-    from rich.console import Console
+    updates = []
 
-    buf = io.StringIO()
-    view = ConsoleView(total_steps=3, keys=("loss", "reward"),
-                       console=Console(file=buf, force_terminal=False, width=120))
-    with MetricsLogger(tmp_path, tensorboard=True, console=view) as logger:
+    class View:  # what the CLI's progress bar receives
+        def update(self, step, record):
+            updates.append((step, record["loss"]))
+
+        def close(self):
+            updates.append("closed")
+
+    with MetricsLogger(tmp_path, tensorboard=True, console=View()) as logger:
         for step in range(3):
             logger.log(step, {"loss": np.float32(1.5 / (step + 1)), "reward": step, "note": "x",
                               "nan": float("nan")})
@@ -30,7 +33,7 @@ def test_metrics_jsonl_tensorboard_and_console(tmp_path):
         assert all(json.loads(line)["note"] == "x" for line in f)
     assert any(name.startswith("events.out.tfevents") for name in
                os.listdir(tmp_path / "tensorboard"))
-    assert "loss=0.5" in buf.getvalue() and "3/3" in buf.getvalue()
+    assert updates[-2:] == [(2, pytest.approx(0.5)), "closed"]
 
 
 def test_device_span_ends_after_block(tmp_path):

@@ -121,6 +121,7 @@ def _fresh_name(cfg):
 
 
 def _cmd_doctor(args) -> int:
+    from agentax.cli._plots import render_timeline_png
     from agentax.trace import doctor
 
     if not os.path.isdir(args.run_dir):
@@ -129,7 +130,7 @@ def _cmd_doctor(args) -> int:
     report = doctor.analyze(args.run_dir)
     print(doctor.format_report(report))
     if args.timeline:
-        print(f"timeline: {doctor.render_timeline_png(report)}")
+        print(f"timeline: {render_timeline_png(report)}")
     return 0
 
 

@@ -1,12 +1,17 @@
-"""The run's learning curves as a PNG: every per-episode rate the task reports, per RL step."""
+"""The run's plots: learning curves (every per-episode rate the task reports, per RL step) and
+the doctor's stage timeline."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_curves"]
+from agentax.trace import TIMELINE_FILENAME, names
+from agentax.trace.doctor import DoctorReport, analyze
+
+__all__ = ["plot_curves", "render_timeline_png"]
 
 _SKIP = ("phase", "step", "policy_version", "episodes", "wall_s", "success_trained", "reward",
          "reward_trained", "staleness", "staleness_mean", "traj_per_s", "train_s",
@@ -16,12 +21,12 @@ _SKIP = ("phase", "step", "policy_version", "episodes", "wall_s", "success_train
 
 def _rates(records: Sequence[dict[str, Any]]) -> list[str]:
     """Per-episode metrics whose values all lie in [0, 1] (success first)."""
-    names: list[str] = []
+    found: list[str] = []
     for r in records:
         for k, v in r.items():
-            if k not in _SKIP and k not in names and isinstance(v, (int, float)):
-                names.append(k)
-    keep = [k for k in names
+            if k not in _SKIP and k not in found and isinstance(v, (int, float)):
+                found.append(k)
+    keep = [k for k in found
             if all(0.0 <= r[k] <= 1.0 for r in records if isinstance(r.get(k), (int, float)))]
     return sorted(keep, key=lambda k: (k != "success", k))
 
@@ -45,12 +50,12 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
     evals = [r for r in history if str(r.get("phase", "")).startswith("eval")]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    names = _rates(rl)
-    for i, name in enumerate(names):
+    rates = _rates(rl)
+    for i, name in enumerate(rates):
         ax.plot([r["step"] for r in rl if name in r], [r[name] for r in rl if name in r], "-",
                 color=colors[i % len(colors)], label=f"{name} (sampled, training)")
     for mode, marker, style in (("greedy", "o", "--"), ("sampled", "s", ":")):
-        for i, name in enumerate(names or ["success"]):
+        for i, name in enumerate(rates or ["success"]):
             key = f"eval/{mode}/{name}"
             pts = [(r["step"], r[key]) for r in evals if key in r]
             if pts:
@@ -66,5 +71,63 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+_ROLLOUT = (names.MODEL_CALL, names.ENV_RESET, names.ENV_STEP, names.TOOL_CALL, names.REWARD)
+_TRAINER = (names.TRAIN_STEP, names.WEIGHT_PUBLISH, names.TRAINER_WAIT)
+_STALLS = (names.STALENESS_WAIT, names.PRODUCER_BLOCKED)
+_ENGINE = (names.ENGINE_ACTIVE_SLOTS, names.ENGINE_WAITING, names.QUEUE_DEPTH)
+
+
+def render_timeline_png(report_or_run_dir: DoctorReport | str | os.PathLike,
+                        path: str | os.PathLike | None = None) -> str:
+    """Plot what each stage was doing over time.
+
+    Panels: episodes by activity (mean concurrent spans per bin), trainer busy/waiting,
+    producer stalls, engine slots / waiting / queue depth counters.
+
+    Args:
+      report_or_run_dir: a `DoctorReport` or a run directory to analyze.
+      path: output PNG (default: RUN_DIR/timeline.png).
+    Returns:
+      The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    report = report_or_run_dir if isinstance(report_or_run_dir, DoctorReport) \
+        else analyze(report_or_run_dir)
+    path = os.fspath(path) if path is not None else os.path.join(report.run_dir,
+                                                                TIMELINE_FILENAME)
+    series = report.timeline
+    n = len(next(iter(series.values()))) if series else 1
+    t = np.arange(n) * report.timeline_bin_s
+    groups = [("episodes (concurrent spans)", _ROLLOUT, True),
+              ("trainer (fraction of bin)", _TRAINER, True),
+              ("producer stalls", _STALLS, True),
+              ("engine / queue counters", _ENGINE, False)]
+    groups = [g for g in groups if any(k in series for k in g[1])]
+    fig, axes = plt.subplots(max(len(groups), 1), 1, figsize=(11, 2.3 * max(len(groups), 1)),
+                             sharex=True, squeeze=False)
+    for ax, (title, keys, stacked) in zip(axes[:, 0], groups):
+        present = [k for k in keys if k in series]
+        if stacked:
+            ax.stackplot(t, *[np.asarray(series[k]) for k in present], labels=present, alpha=0.85,
+                         step="post")
+        else:
+            for k in present:
+                ax.step(t, series[k], where="post", label=k)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="upper right", ncol=len(present))
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("seconds since start of trace")
+    fig.suptitle(f"{report.bottleneck}: {report.verdict}"[:160], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

@@ -26,6 +26,7 @@ from agentax.cli._build import (
     build_tokenizer,
 )
 from agentax.cli._config import RunConfig
+from agentax.cli._console import ConsoleView
 from agentax.cli._evaluate import (
     EvalResult,
     aggregate,
@@ -44,7 +45,7 @@ from agentax.cli._rundir import (
 from agentax.cli._signals import Interrupted, StopGuard
 from agentax.config import replace
 from agentax.rollout import Collector
-from agentax.trace import ConsoleView, MetricsLogger, get_tracer
+from agentax.trace import MetricsLogger, get_tracer
 
 __all__ = ["Reporter", "run_eval", "run_sft", "run_train"]
 
