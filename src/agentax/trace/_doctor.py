@@ -210,8 +210,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
     trainer_busy = trainer_wait = None
     if trainer_spans or trainer_wait_spans:
         everything = trainer_spans + trainer_wait_spans
-        life = max(e for _, e in everything) - min(s for s, _ in everything)
-        life = max(life, 1)
+        life = max(max(e for _, e in everything) - min(s for s, _ in everything), 1)
         trainer_busy = length(trainer_spans) / life
         trainer_wait = length(trainer_wait_spans) / life
     env_spans = [iv for n in ENV_SPANS for iv in by_name.get(n, ())]
