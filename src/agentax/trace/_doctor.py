@@ -173,7 +173,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
       run_dir: a run directory holding `trace.perfetto-trace` (and its resume segments).
       bins: resolution of the utilisation timeline kept in the report.
     Returns:
-      A `DoctorReport`; `format_report` prints it, `render_timeline_png` plots it.
+      A `DoctorReport`; `format_report` prints it.
     """
     from agentax.trace._verdict import decide
 
