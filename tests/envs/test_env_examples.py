@@ -24,16 +24,20 @@ def test_the_expected_examples_exist():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_example_runs(script):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    text = (EXAMPLES / script).read_text()
+    reduced = ["--steps", "1"] if "--steps" in text else ["--quick"]
     proc = subprocess.run(
-        [sys.executable, script, "--steps", "1"], cwd=EXAMPLES, capture_output=True, text=True,
+        [sys.executable, script, *reduced], cwd=EXAMPLES, capture_output=True, text=True,
         timeout=600, env=env,
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    assert "step 1: reward" in proc.stdout and "trained" in proc.stdout, proc.stdout[-2000:]
+    if "--steps" in text:
+        assert "step 1: reward" in proc.stdout and "trained" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_examples_are_short_and_end_in_training():
     for script in SCRIPTS:
         text = (EXAMPLES / script).read_text()
-        assert len(text.splitlines()) <= 90, f"{script} is too long to copy"
+        assert len(text.splitlines()) <= 120, f"{script} is too long to copy"
+        assert "--steps" in text or "--quick" in text, f"{script} has no reduced form for CI"
         assert "Pipeline(" in text and "RLTrainer(" in text and "pipeline.run(" in text, script

@@ -95,4 +95,4 @@ def test_frozen_lake_planner_reaches_every_goal_and_env_reports_metrics():
     for task in suite.eval_tasks:
         obs, result = asyncio.run(solve(task))
         assert result.reward == 1.0 and result.info["metrics"]["hole"] == 0.0
-        assert "P" in obs.content and len(obs.content.splitlines()) == 4
+        assert "P" in obs.content and len(obs.content.splitlines()) == 5  # grid + neighbours

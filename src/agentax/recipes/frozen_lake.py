@@ -1,8 +1,9 @@
-"""The frozen_lake recipe's parts: FrozenLake-v1 on many random maps, learned from pixels of text.
+"""The frozen_lake recipe's parts: FrozenLake-v1 on many random maps, played from text.
 
 Every task is a random 4x4 map (`gymnasium`'s `generate_random_map`, non-slippery); held-out
 maps are never trained on. The environment is `GymnasiumEnvironment` (it builds the task's
-map at reset) with a compact grid formatter, the agent is `FrozenLakeAgent`. Warm-start
+map at reset) with a compact grid formatter that also spells out the player's four
+neighbouring cells, the agent is `FrozenLakeAgent`. Warm-start
 demonstrations come from a noisy planner: it walks a shortest path but takes a random move
 with probability `noise`, so some demonstrations fall into holes or wander.
 
@@ -26,7 +27,7 @@ from agentax.envs import GymnasiumEnvironment
 from agentax.records import Action, Message, Observation, StepResult, Task
 
 __all__ = ["FrozenLakeMapsEnvironment", "CompactFrozenLakeAgent", "demos", "format_grid",
-           "make_agent", "make_env", "shortest_path_action", "tasks"]
+           "make_agent", "make_env", "render", "shortest_path_action", "tasks"]
 
 _MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}  # left, down, right, up
 
@@ -37,18 +38,27 @@ def _unread(text: str) -> None:
     return None
 
 
+def render(desc: Sequence[str], pos: tuple[int, int]) -> str:
+    """The map, one row a line, with the player as P (S start, F ice, H hole, G goal), then
+    the four cells next to the player ('#' off the map): "L:F D:H R:F U:#".
+
+    The neighbour line is a formatting choice for the ~0.3M-parameter demo model, which does
+    not learn to read them off the grid within the recipe's budget; the grid keeps the rest.
+    """
+    rows = [list(r) for r in desc]
+    rows[pos[0]][pos[1]] = "P"
+    near = []
+    for name, (dr, dc) in zip("LDRU", _MOVES.values()):
+        r, c = pos[0] + dr, pos[1] + dc
+        near.append(f"{name}:{desc[r][c] if 0 <= r < len(desc) and 0 <= c < len(desc[0]) else '#'}")
+    return "\n".join("".join(r) for r in rows) + "\n" + " ".join(near)
+
+
 def format_grid(obs: Any, env: gym.Env) -> str:
-    """The map, one row a line, with the player as P (S start, F ice, H hole, G goal)."""
-    desc = env.unwrapped.desc
-    ncol = desc.shape[1]
-    row, col = divmod(int(obs), ncol)
-    lines = []
-    for r, cells in enumerate(desc):
-        text = [c.decode() if isinstance(c, bytes) else str(c) for c in cells]
-        if r == row:
-            text[col] = "P"
-        lines.append("".join(text))
-    return "\n".join(lines)
+    """`render` for a FrozenLake gym env and its observation (the player's cell index)."""
+    desc = ["".join(c.decode() if isinstance(c, bytes) else str(c) for c in row)
+            for row in env.unwrapped.desc]
+    return render(desc, divmod(int(obs), len(desc[0])))
 
 
 class FrozenLakeMapsEnvironment(GymnasiumEnvironment):
@@ -139,12 +149,6 @@ def shortest_path_action(desc: Sequence[str], pos: tuple[int, int]) -> int | Non
     return best[0] if best else None
 
 
-def _grid(desc: Sequence[str], pos: tuple[int, int]) -> str:
-    rows = [list(r) for r in desc]
-    rows[pos[0]][pos[1]] = "P"
-    return "\n".join("".join(r) for r in rows)
-
-
 def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.25,
           max_steps: int = 8) -> list[list[Message]]:
     """n episodes of the noisy planner on training maps (cycled): a shortest-path move, or a
@@ -155,7 +159,7 @@ def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.25
     for i in range(n):
         desc = train_tasks[i % len(train_tasks)].meta["map"]
         pos = (0, 0)
-        conv = [Message(role="user", content=_grid(desc, pos))]
+        conv = [Message(role="user", content=render(desc, pos))]
         for _ in range(max_steps):
             action = shortest_path_action(desc, pos)
             if action is None or rng.random() < noise:
@@ -164,7 +168,7 @@ def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.25
             pos = _move(desc, pos, action)
             if desc[pos[0]][pos[1]] in "HG":
                 break
-            conv.append(Message(role="user", content=_grid(desc, pos)))
+            conv.append(Message(role="user", content=render(desc, pos)))
         if conv[-1].role == "user":
             conv.pop()
         convs.append(conv)
