@@ -78,7 +78,13 @@ class Span:
         current = tracer._current_track
         if track is None:
             self._token = None
-            self.track = current.get() or tracer._thread_track()
+            track = current.get()
+            if track is None:
+                try:  # inline: spans on a thread's own track are the common case
+                    track = tracer._tls.track
+                except AttributeError:
+                    track = tracer._thread_track()
+            self.track = track
         elif track == current.get():
             self._token = None  # already current: nothing to set or undo
         else:
