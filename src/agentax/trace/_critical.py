@@ -79,19 +79,13 @@ def critical_path(spans: tuple[SpanRecord, ...]) -> tuple[dict[str, int], int]:
         t = min(t, lo)
         if cur.name == names.TRAIN_STEP:
             i = train.index(cur)
-            cands = [by_flow[f] for f in cur.flow_in if f in by_flow]
-            if not cands:
-                cands = episodes
+            cands = [by_flow[f] for f in cur.flow_in if f in by_flow] or episodes
             cands = cands + train[max(0, i - 1):i]
             pred = latest_before(cands, cur.start_ns, cur)
         else:
             j = bisect.bisect_right(gate_ends, cur.start_ns + _EPS_NS)
-            pred = None
-            while j > 0:
-                j -= 1
-                if gates[j] is not cur and gates[j].end_ns < cur.end_ns:
-                    pred = gates[j]
-                    break
+            pred = next((gates[k] for k in range(j - 1, -1, -1)
+                         if gates[k] is not cur and gates[k].end_ns < cur.end_ns), None)
         if pred is None:
             break
         if pred.end_ns < t:

@@ -173,7 +173,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
       run_dir: a run directory holding `trace.perfetto-trace` (and its resume segments).
       bins: resolution of the utilisation timeline kept in the report.
     Returns:
-      A `DoctorReport`; `format_report` prints it, `render_timeline_png` plots it.
+      A `DoctorReport`; `format_report` prints it.
     """
     from agentax.trace._verdict import decide
 
@@ -210,8 +210,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
     trainer_busy = trainer_wait = None
     if trainer_spans or trainer_wait_spans:
         everything = trainer_spans + trainer_wait_spans
-        life = max(e for _, e in everything) - min(s for s, _ in everything)
-        life = max(life, 1)
+        life = max(max(e for _, e in everything) - min(s for s, _ in everything), 1)
         trainer_busy = length(trainer_spans) / life
         trainer_wait = length(trainer_wait_spans) / life
     env_spans = [iv for n in ENV_SPANS for iv in by_name.get(n, ())]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from agentax.trace._doctor import DoctorReport
+from agentax.trace._verdict import pct
 
 
 def _pct(x: float | None) -> str:
-    return "   n/a" if x is None else f"{100 * x:5.1f}%"
+    return f"{pct(x, 1):>6}"
 
 
 def format_report(report: DoctorReport) -> str:

@@ -99,11 +99,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     records = []
     with open(path, encoding="utf-8") as f:
         for line in f:
-            line = line.strip()
-            if not line:
-                continue
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
+            except json.JSONDecodeError:  # a blank or torn line
                 continue
     return records

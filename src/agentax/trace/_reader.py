@@ -62,8 +62,6 @@ class TraceData:
     spans: tuple[SpanRecord, ...]
     instants: tuple[InstantRecord, ...]
     counters: Mapping[str, tuple[tuple[int, float], ...]]  # name -> ((ts_ns, value), ...)
-    tracks: tuple[str, ...]
-    process_name: str = ""
 
     def spans_named(self, name: str) -> list[SpanRecord]:
         return [s for s in self.spans if s.name == name]
@@ -114,8 +112,6 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
     arg_names: dict[int, str] = {}
     track_name: dict[int, str] = {}
     track_lane: dict[int, int] = {}
-    counter_tracks: set[int] = set()
-    process_name = ""
     counters: dict[str, list] = defaultdict(list)
     timeline: list[tuple] = []
     for packet in iter_packets(path):
@@ -129,7 +125,6 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
         if packet.HasField("track_descriptor"):
             desc = packet.track_descriptor
             if desc.HasField("process"):
-                process_name = desc.process.process_name
                 continue
             name = f"{desc.thread.thread_name} ({desc.thread.tid})" if desc.HasField("thread") \
                 else desc.name
@@ -138,22 +133,17 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
                 lane = int(name[len(parent) + len(LANE_SEPARATOR):].rstrip("]"))
                 name = parent
             track_name[desc.uuid], track_lane[desc.uuid] = name, lane
-            if desc.HasField("counter"):
-                counter_tracks.add(desc.uuid)
             continue
         if not packet.HasField("track_event"):
             continue
         ev = packet.track_event
         if ev.type == pb.TrackEvent.TYPE_COUNTER:
-            value = ev.double_counter_value if ev.HasField("double_counter_value") \
-                else float(ev.counter_value)
             counters[track_name.get(ev.track_uuid, str(ev.track_uuid))].append(
-                (packet.timestamp, value))
+                (packet.timestamp, ev.double_counter_value))
             continue
-        name = ev.name if ev.HasField("name") else names.get(ev.name_iid, "")
-        args = {(a.name if a.HasField("name") else arg_names.get(a.name_iid, "")): _value(a)
-                for a in ev.debug_annotations}
-        timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type, name, args,
+        args = {arg_names.get(a.name_iid, ""): _value(a) for a in ev.debug_annotations}
+        timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type,
+                         names.get(ev.name_iid, ""), args,
                          tuple(flow_base + f for f in ev.flow_ids),
                          tuple(flow_base + f for f in ev.terminating_flow_ids)))
     shift = 0
@@ -181,10 +171,7 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
     instants.sort(key=lambda i: i.ts_ns)
     return TraceData(spans=tuple(spans), instants=tuple(instants),
                      counters={k: tuple((t + shift, v) for t, v in sorted(c, key=_TS))
-                               for k, c in counters.items()},
-                     tracks=tuple(sorted({n for u, n in track_name.items()
-                                          if u not in counter_tracks})),
-                     process_name=process_name)
+                               for k, c in counters.items()})
 
 
 def trace_segments(run_dir: str | os.PathLike) -> list[str]:
@@ -218,6 +205,4 @@ def read_trace(path: str | os.PathLike) -> TraceData:
         spans=tuple(s for p in parts for s in p.spans),
         instants=tuple(i for p in parts for i in p.instants),
         counters={k: tuple(x for p in parts for x in p.counters.get(k, ()))
-                  for k in dict.fromkeys(k for p in parts for k in p.counters)},
-        tracks=tuple(sorted({t for p in parts for t in p.tracks})),
-        process_name=parts[-1].process_name)
+                  for k in dict.fromkeys(k for p in parts for k in p.counters)})

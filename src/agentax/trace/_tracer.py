@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+from agentax.trace._device import DeviceSpan, block_until_ready
 from agentax.trace._files import TRACE_FILENAME
 from agentax.trace.names import HOST_INFO
 
@@ -30,7 +31,6 @@ from agentax.trace.names import HOST_INFO
 SPAN, INSTANT, COUNTER = 0, 1, 2
 
 DEFAULT_CAPACITY = 1 << 20
-_NO_VALUE = object()
 
 
 class ThreadTrack(NamedTuple):
@@ -56,7 +56,7 @@ class _NoopSpan:
 
     def block(self, value: Any) -> Any:
         """Syncs anyway, so code around device spans behaves the same with tracing off."""
-        return sys.modules["agentax.trace._device"].block_until_ready(value)
+        return block_until_ready(value)
 
 
 NOOP_SPAN = _NoopSpan()
@@ -80,7 +80,7 @@ class Span:
             self._token = None
             track = current.get()
             if track is None:
-                try:
+                try:  # inline: spans on a thread's own track are the common case
                     track = tracer._tls.track
                 except AttributeError:
                     track = tracer._thread_track()
@@ -224,10 +224,9 @@ class Tracer:
         if not self.enabled:
             return
         if on_change:
-            last = self._last_values
-            if last.get(name, _NO_VALUE) == value:
+            if name in self._last_values and self._last_values[name] == value:
                 return
-            last[name] = value
+            self._last_values[name] = value
         ts = self._clock() if ts_ns is None else int(ts_ns)
         self._record((COUNTER, ts, ts, None, name, float(value), (), ()))
 
@@ -246,8 +245,6 @@ class Tracer:
         Usage: ``with tracer.device_span(TRAIN_STEP) as ds: out = ds.block(step(state, b))``.
         Only the edge the caller chooses syncs; see `agentax.trace.DeviceSpan`.
         """
-        from agentax.trace._device import DeviceSpan
-
         return DeviceSpan(self, name, track, args) if self.enabled else NOOP_SPAN
 
     def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
@@ -380,5 +377,3 @@ def traced(name: str | Callable | None = None, *, track: str | None = None,
 
     return decorate(name) if callable(name) and not isinstance(name, str) else decorate
 
-
-__all__ = ["Tracer", "Span", "ThreadTrack", "get_tracer", "set_enabled", "traced"]

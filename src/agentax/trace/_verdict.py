@@ -34,15 +34,12 @@ def _nice(x: float) -> int:
     return int(exp * 2)
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.0f}%"
+def pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
 
 
 def _latency(fields: dict, name: str):
-    for lat in fields["latencies"]:
-        if lat.name == name:
-            return lat
-    return None
+    return next((lat for lat in fields["latencies"] if lat.name == name), None)
 
 
 def _knob(fields: dict, key: str) -> Any:
@@ -87,30 +84,29 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     train_lat = _latency(fields, names.TRAIN_STEP)
 
     if busy is not None and busy >= 0.8 and max(blocked, stall) < 0.1:
-        return ("balanced", f"Healthy: the trainer was busy {_pct(busy)} of its time and the "
-                f"rollouts kept up (producers blocked {_pct(blocked)}, stalled on staleness "
-                f"{_pct(stall)}).", "nothing to rebalance; to go faster, make the train step "
+        return ("balanced", f"Healthy: the trainer was busy {pct(busy)} of its time and the "
+                f"rollouts kept up (producers blocked {pct(blocked)}, stalled on staleness "
+                f"{pct(stall)}).", "nothing to rebalance; to go faster, make the train step "
                 "faster (it is the stage everything else waits for)")
 
     if busy is not None and busy >= 0.8:
-        lead = (f"The trainer is the bottleneck: it was busy {_pct(busy)} of its time and "
-                f"producers were blocked on a full queue {_pct(blocked)} of the run")
+        lead = (f"The trainer is the bottleneck: it was busy {pct(busy)} of its time and "
+                f"producers were blocked on a full queue {pct(blocked)} of the run")
         if train_lat:
             lead += f" (train step p50 {train_lat.p50_s:.2f} s)"
+        tip = "make the train step faster (larger micro-batches, fewer padding buckets, more devices)"
         if conc and blocked > 0.05:
             target = _nice(max(1.0, conc * (1.0 - blocked)))
-            tip = (f"make the train step faster (larger micro-batches, fewer padding buckets, "
-                   f"more devices), or lower pipeline.max_concurrency from {conc} to about "
-                   f"{target}: rollouts beyond that only wait for the trainer")
+            tip += (f", or lower pipeline.max_concurrency from {conc} to about {target}: "
+                    f"rollouts beyond that only wait for the trainer")
         else:
-            tip = ("make the train step faster (larger micro-batches, fewer padding buckets, "
-                   "more devices); more rollout concurrency will not help")
+            tip += "; more rollout concurrency will not help"
         return "trainer", lead + ".", tip
 
     if stall >= 0.2 and stall_idle >= 0.1 and (wait is None or wait >= 0.1):
-        lead = (f"Staleness-bound: the collector waited for new weights {_pct(stall)} of the "
+        lead = (f"Staleness-bound: the collector waited for new weights {pct(stall)} of the "
                 f"run (max_staleness={stale if stale is not None else '?'}) while the trainer "
-                f"waited for groups {_pct(wait)} of its time; for {_pct(stall_idle)} of the run no "
+                f"waited for groups {pct(wait)} of its time; for {pct(stall_idle)} of the run no "
                 f"episode was in flight: rollouts and training take turns instead of "
                 f"overlapping")
         step = 1 if stall < 0.35 else 2
@@ -123,9 +119,9 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
 
     if waiting >= 1.0 and full >= 0.5 and model_share >= 0.3:
         lat = _latency(fields, names.MODEL_CALL)
-        lead = (f"Too few engine slots: all slots were busy {_pct(full)} of the run and on "
+        lead = (f"Too few engine slots: all slots were busy {pct(full)} of the run and on "
                 f"average {waiting:.1f} requests waited for one; model calls took "
-                f"{_pct(model_share)} of episode time")
+                f"{pct(model_share)} of episode time")
         if lat:
             lead += f" (model call p50 {lat.p50_s:.2f} s, p99 {lat.p99_s:.2f} s)"
         have = slots if slots is not None else (active or 1.0)
@@ -140,8 +136,8 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
         worst = max(parts, key=parts.get)
         span_name = {"env": names.ENV_STEP, "tool": names.TOOL_CALL, "reward": names.REWARD}[worst]
         lat = _latency(fields, span_name)
-        lead = (f"Environment-bound: the trainer waited {_pct(wait)} of its time for groups; "
-                f"episodes spent {_pct(env_share)} of their time in environment steps, tools "
+        lead = (f"Environment-bound: the trainer waited {pct(wait)} of its time for groups; "
+                f"episodes spent {pct(env_share)} of their time in environment steps, tools "
                 f"and rewards")
         if lat:
             lead += f"; {span_name.replace('_', ' ')} p50 is {lat.p50_s:.2f} s, p99 {lat.p99_s:.2f} s"
@@ -153,7 +149,7 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
                 tip += f" (and engine.max_slots from {slots} to about {target})"
             tip += " so more episodes overlap their environment waits"
             if stall >= 0.2 and stale is not None:
-                tip += (f"; the collector also waited for weights {_pct(stall)} of the run, so "
+                tip += (f"; the collector also waited for weights {pct(stall)} of the run, so "
                         f"raise pipeline.max_staleness from {stale} to {stale + 1} with it")
             if factor >= 4.0:
                 tip += "; then run the doctor again"
@@ -165,9 +161,9 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
 
     if wait is not None and wait >= 0.2:
         lat = _latency(fields, names.MODEL_CALL)
-        lead = (f"Generation-bound: the trainer waited {_pct(wait)} of its time; episodes "
-                f"spent {_pct(model_share)} of their time in model calls and the engine was "
-                f"busy {_pct(fields['engine_busy_fraction'])}")
+        lead = (f"Generation-bound: the trainer waited {pct(wait)} of its time; episodes "
+                f"spent {pct(model_share)} of their time in model calls and the engine was "
+                f"busy {pct(fields['engine_busy_fraction'])}")
         if lat:
             lead += f" (model call p50 {lat.p50_s:.2f} s)"
         if conc and slots and conc < slots:
@@ -182,5 +178,5 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
         return ("unknown", "No train steps were traced, so the doctor cannot tell what the "
                 "trainer waited for.", "instrument the trainer with train_step and "
                 "trainer_wait spans (agentax.trace.names)")
-    return ("balanced", f"No single bottleneck: the trainer was busy {_pct(busy)} of its time "
-            f"and waited {_pct(wait)}.", "nothing to change; raise the load to find the next limit")
+    return ("balanced", f"No single bottleneck: the trainer was busy {pct(busy)} of its time "
+            f"and waited {pct(wait)}.", "nothing to change; raise the load to find the next limit")

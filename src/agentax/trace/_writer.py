@@ -114,10 +114,13 @@ class PacketEncoder:
             desc.counter.SetInParent()
 
     def _track_uuid(self, track: Any, lane: int = 0) -> int:
+        """The uuid of a span track's lane, or (lane -1) of the counter named `track`."""
         uuid = self._tracks.get((track, lane))
         if uuid is None:
             uuid = self._tracks[(track, lane)] = self._uuid()
-            if lane:
+            if lane < 0:
+                self._describe(uuid, self._process_uuid, track, counter=True)
+            elif lane:
                 label = f"{track.name} ({track.tid})" if isinstance(track, ThreadTrack) else track
                 self._describe(uuid, self._track_uuid(track), f"{label}{LANE_SEPARATOR}{lane}]")
             elif isinstance(track, ThreadTrack):
@@ -165,11 +168,7 @@ class PacketEncoder:
                 events, key=lambda e: (e[2], -e[1])):
             if kind == COUNTER:
                 ev = add(timestamp=start, trusted_packet_sequence_id=SEQUENCE_ID).track_event
-                uuid = self._tracks.get((name, -1))
-                if uuid is None:
-                    uuid = self._tracks[(name, -1)] = self._uuid()
-                    self._describe(uuid, self._process_uuid, name, counter=True)
-                ev.type, ev.track_uuid = pb.TrackEvent.TYPE_COUNTER, uuid
+                ev.type, ev.track_uuid = pb.TrackEvent.TYPE_COUNTER, self._track_uuid(name, -1)
                 ev.double_counter_value = payload
                 continue
             lane = 0

@@ -48,12 +48,6 @@ ARG_ERROR = "error"  # set by the tracer when a span exits with an exception; on
 #                     the call failed (timeout, crashed, unknown_tool, ...)
 ARG_OK = "ok"  # on TOOL_CALL: whether the call succeeded (ToolResult.ok)
 
-SPANS = (ROLLOUT, EPISODE, MODEL_CALL, ENV_RESET, ENV_STEP, TOOL_CALL, REWARD, TRAIN_STEP,
-         WEIGHT_PUBLISH, TRAINER_WAIT, PRODUCER_BLOCKED, STALENESS_WAIT, PREFILL, DECODE_STEP,
-         DEVICE_CALL, HOST_INFO)
-COUNTERS = (ENGINE_ACTIVE_SLOTS, ENGINE_WAITING, ENGINE_TOKENS_PER_STEP, ENGINE_EVICTIONS,
-            QUEUE_DEPTH, STALENESS)
-
 
 def episode_track(episode_id: object) -> str:
     """The custom track name of one episode, e.g. ``episode/17``."""
