@@ -62,6 +62,9 @@ class Reporter:
         self.metrics = MetricsLogger(run_dir, tensorboard=cfg.tracing.tensorboard)
         self.tracer = get_tracer()
         if cfg.tracing.enabled:
+            # The process tracer buffers while no file is open: what an earlier run or library
+            # call in this process recorded is not this run's (it showed up as phantom episodes).
+            self.tracer.take_events()
             self.tracer.start(run_dir)
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
