@@ -98,12 +98,18 @@ def attention(
         "btkgh,bskh->bkgts", q_btkgh * jnp.asarray(scale, q_btnh.dtype), k_bskh,
         preferred_element_type=jnp.float32,
     )  # [B, K, G, T, S]
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
-    scores = jnp.where(mask_bts[:, None, None, :, :], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
+    probs = _masked_softmax(scores, mask_bts, softcap, v_bskh.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)  # [B, T, K, G, H]
     return out.reshape(b, t, n, h)
+
+
+def _masked_softmax(scores_bkgts: jax.Array, mask_bts: jax.Array, softcap: float | None,
+                    dtype) -> jax.Array:
+    """Soft-capped, masked float32 softmax over the last axis of [B, K, G, T, S] scores."""
+    if softcap is not None:
+        scores_bkgts = jnp.tanh(scores_bkgts / softcap) * softcap
+    scores_bkgts = jnp.where(mask_bts[:, None, None, :, :], scores_bkgts, MASK_VALUE)
+    return jax.nn.softmax(scores_bkgts, axis=-1).astype(dtype)
 
 
 def cached_attention(
@@ -123,9 +129,6 @@ def cached_attention(
         "btkgh,bklh->bkgtl", q_btkgh * jnp.asarray(scale, q_btnh.dtype), k_bklh,
         preferred_element_type=jnp.float32,
     )  # [B, K, G, T, L]
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
-    scores = jnp.where(mask_btl[:, None, None, :, :], scores, MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bklh.dtype)
+    probs = _masked_softmax(scores, mask_btl, softcap, v_bklh.dtype)
     out = jnp.einsum("bkgtl,bklh->btkgh", probs, v_bklh)  # [B, T, K, G, H]
     return out.reshape(b, t, n, h)
