@@ -49,7 +49,9 @@ def test_async_staleness_zero_reproduces_sync(make_parts, tasks):
     assert len({t.token_ids.tobytes() for t in first}) > 1
     for pa, pb in zip(jax.tree.leaves(sync_parts.trainer.params_for_engine()),
                       jax.tree.leaves(async_parts.trainer.params_for_engine())):
-        np.testing.assert_allclose(np.asarray(pa), np.asarray(pb), atol=1e-5, rtol=1e-5)
+        # Same groups, same steps: Adam at lr 3e-3 moves weights by ~3e-3 a step, so a missing,
+        # extra or different step shows far above 1e-4; CPU float reductions may differ by ~2e-5.
+        np.testing.assert_allclose(np.asarray(pa), np.asarray(pb), atol=1e-4, rtol=1e-4)
     # Synchronous: every token was produced by the weights the trainer held when it stepped.
     assert all(s == 0 for rec in async_res.steps for s in rec.staleness)
     assert sync_res.accounting.trained == async_res.accounting.trained == 18
