@@ -162,14 +162,7 @@ class Collector:
         except Exception as e:  # noqa: BLE001 - the engine or an agent broke: a typed status
             state.fail(TrajectoryStatus.MODEL_ERROR, type(e).__name__, str(e))
         await self._cleanup(env, state)
-        if state.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and self.reward_fn:
-            with self.tracer.span(names.REWARD):
-                try:
-                    state.reward += await compute_reward(
-                        self.reward_fn, task, state.final_answer or "", timeout_s=cfg.reward_timeout_s
-                    )
-                except EnvError as e:
-                    state.fail(e.status, e.kind, str(e))
+        await self._reward_stage(task, state.final_answer or "", state)
         timings = {"episode_s": time.perf_counter() - t0, **state.timings}
         info = {"reason": state.reason, "turns": state.turns, "flow_id": flow, **state.info}
         return builder.build(
@@ -189,11 +182,10 @@ class Collector:
         try:
             # drive_episode enforces episode_timeout_s itself and returns what it recorded;
             # the margin here only guards against an environment that ignores it.
-            traj = await asyncio.wait_for(
-                env.drive_episode(self.engine, self.tokenizer, task, sampling=params, config=cfg,
-                                  template_kwargs=self.template_kwargs),
-                cfg.episode_timeout_s + cfg.close_timeout_s,
-            )
+            async with asyncio.timeout(cfg.episode_timeout_s + cfg.close_timeout_s):
+                traj = await env.drive_episode(
+                    self.engine, self.tokenizer, task, sampling=params, config=cfg,
+                    template_kwargs=self.template_kwargs)
         except TimeoutError:
             traj = TrajectoryBuilder(self.tokenizer).build(
                 0.0, TrajectoryStatus.TIMEOUT, task_id=task.id, info={"reason": "episode_timeout"})
@@ -206,20 +198,23 @@ class Collector:
                 info={"reason": type(e).__name__, "error": str(e)[:500]})
         state = _EpisodeState(status=traj.status, reward=traj.reward)
         await self._cleanup(ensure_async_env(env), state)
-        if state.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and self.reward_fn:
-            with self.tracer.span(names.REWARD):
-                try:
-                    state.reward += await compute_reward(
-                        self.reward_fn, task, str(traj.info.get("final_answer", "")),
-                        timeout_s=cfg.reward_timeout_s)
-                except EnvError as e:
-                    state.fail(e.status, e.kind, str(e))
+        await self._reward_stage(task, str(traj.info.get("final_answer", "")), state)
         return dataclasses.replace(
             traj, reward=state.reward, status=state.status, group_id=group_id,
             sample_index=sample_index,
             timings={"episode_s": time.perf_counter() - t0, **traj.timings},
             info={**traj.info, "flow_id": flow, **state.info},
         )
+
+    async def _reward_stage(self, task: Task, final_answer: str, state: "_EpisodeState") -> None:
+        """Adds the run's reward function to an episode that ended normally."""
+        if state.status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and self.reward_fn:
+            with self.tracer.span(names.REWARD):
+                try:
+                    state.reward += await compute_reward(
+                        self.reward_fn, task, final_answer, timeout_s=self.config.reward_timeout_s)
+                except EnvError as e:
+                    state.fail(e.status, e.kind, str(e))
 
     async def _loop(self, task, seed, agent, env, builder, state) -> None:
         cfg, tracer = self.config, self.tracer
