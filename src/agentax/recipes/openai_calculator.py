@@ -11,10 +11,10 @@ with the same tool list (`make_agent`).
 The tool is declared by name only. The endpoint renders whatever schema the agent sends into
 every prompt, and the tiny byte-level model reads each byte as a token: the full schema
 (description and parameters, as the native demo's tool has) is 179 tokens in front of a
-~120-token episode, which tripled the warm start's cost and cost the policy 15 points of
-held-out success at the same budget (docs/openai.md). The name alone is 38 tokens; the
+~120-token episode, which tripled the warm start's cost. The name alone is 38 tokens; the
 argument format (`{"expression": ...}`) is learnt from the demonstrations, as the native demo,
-which lists no tools at all, learns it.
+which lists no tools at all, learns it. Any tool list still slows the warm start, so the
+recipe trains longer than the native demo (docs/openai.md has the measurements).
 """
 
 from __future__ import annotations
