@@ -11,7 +11,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from agentax.trace import names
-from agentax.trace._critical import CATEGORY, critical_path
 from agentax.trace._files import CONFIG_FILENAME, METRICS_FILENAME
 from agentax.trace._intervals import (binned_concurrency, difference_length, length, merge,
                                       percentiles, step_series_stats)
@@ -25,6 +24,9 @@ LATENCY_SPANS = (names.MODEL_CALL, names.ENV_RESET, names.ENV_STEP, names.TOOL_C
                  names.REWARD, names.TRAIN_STEP, names.EPISODE)
 TIMELINE_BINS = 120
 ENV_SPANS = (names.ENV_RESET, names.ENV_STEP, names.TOOL_CALL, names.REWARD)
+# What an episode's time goes to: its direct children, by kind; the rest is "agent/other".
+CATEGORY = {names.MODEL_CALL: "model", names.ENV_STEP: "env", names.ENV_RESET: "env",
+            names.TOOL_CALL: "tool", names.REWARD: "reward"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,8 +69,6 @@ class DoctorReport:
     env_bound_fraction: float  # wall time when only env/tool/reward work was running
     episode_time_shares: Mapping[str, float]  # share of episode time: model, env, tool, ...
     staleness: Mapping[int, int]  # versions behind -> count
-    critical_path: Mapping[str, float]  # category -> seconds on the critical path
-    critical_path_spans: int
     knobs: Mapping[str, Any]  # max_concurrency, max_staleness, max_slots (None if unknown)
     bottleneck: str  # environment | trainer | engine_slots | staleness | model | balanced | ...
     verdict: str
@@ -218,7 +218,6 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         names.DECODE_STEP, []) + by_name.get(names.PREFILL, [])
     env_bound = difference_length(env_spans, other) / wall if env_spans else 0.0
 
-    crit_ns, crit_count = critical_path(trace.spans)
     bin_ns = max(wall // bins, 1)
     timeline = {n: tuple(binned_concurrency(by_name[n], t0, bin_ns, bins).round(4).tolist())
                 for n in STAGES if by_name.get(n) and n != names.EPISODE}
@@ -238,8 +237,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         trainer_busy_fraction=trainer_busy, trainer_wait_fraction=trainer_wait,
         env_bound_fraction=env_bound, episode_time_shares=_episode_shares(trace),
         staleness=_staleness(trace, metrics),
-        critical_path={k: v / 1e9 for k, v in sorted(crit_ns.items(), key=lambda kv: -kv[1])},
-        critical_path_spans=crit_count, knobs=knobs,
+        knobs=knobs,
         episodes=len(by_name.get(names.EPISODE, ())),
         train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
         timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=tuple(notes),

@@ -11,7 +11,7 @@ def _pct(x: float | None) -> str:
 
 
 def format_report(report: DoctorReport) -> str:
-    """The report as text: stages, utilisation, latencies, staleness, critical path, verdict."""
+    """The report as text: stages, utilisation, latencies, staleness, verdict."""
     lines = [f"agentax doctor: {report.run_dir}",
              f"wall time {report.wall_s:.2f} s, {report.episodes} episodes, "
              f"{report.train_steps} train steps, {report.metrics_records} metrics records", ""]
@@ -50,10 +50,6 @@ def format_report(report: DoctorReport) -> str:
         lines += [f"  {k:>3}: {v:6d}  {100 * v / total:5.1f}%" for k, v in report.staleness.items()]
     else:
         lines.append("  no staleness samples")
-    lines += ["", f"Critical path ({report.critical_path_spans} spans)"]
-    total = sum(report.critical_path.values()) or 1.0
-    for cat, secs in report.critical_path.items():
-        lines.append(f"  {cat:<22} {secs:9.2f} s {100 * secs / total:5.1f}%")
     knobs = ", ".join(f"{k}={v}" for k, v in report.knobs.items())
     lines += ["", f"Knobs: {knobs}", "", f"Bottleneck: {report.bottleneck}",
               f"Verdict: {report.verdict}", f"Suggestion: {report.suggestion}"]

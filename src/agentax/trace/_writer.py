@@ -30,7 +30,7 @@ SEQUENCE_ID = 0x4A58  # trusted_packet_sequence_id of every packet we write
 LANE_SEPARATOR = " ["  # lane k > 0 of track "T" is named "T [k]"
 _NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
 _MAX_ROOTS = 512  # top-level spans remembered per lane (bounds the writer's memory)
-_MAX_BATCH = 4096  # events encoded between two GIL hand-overs
+_MAX_BATCH = 4096  # events per Trace message (bounds the encoder's memory)
 _MAX_TRACKS = 4096  # tracks whose lanes are remembered (least recently used forgotten)
 
 
@@ -209,8 +209,8 @@ def _close_at_exit() -> None:
 
 class PerfettoWriter:
     """A daemon thread that drains a tracer into the first free segment of `path` every
-    `flush_interval_s`, `_MAX_BATCH` events at a time with a GIL hand-over between batches.
-    Stopped at interpreter exit (the tail is written); a forked child never writes."""
+    `flush_interval_s`. Stopped at interpreter exit (the tail is written); a forked child never
+    writes."""
 
     def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
                  process_name: str = "agentax") -> None:
@@ -232,30 +232,25 @@ class PerfettoWriter:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                self.drain(yield_between=True)
+                self.drain()
             except Exception as err:  # never kill the run for a trace; say so once
                 print(f"agentax.trace: writer failed, tracing to {self.path} stops: {err!r}",
                       file=sys.stderr)
                 return
 
-    def drain(self, *, yield_between: bool = False) -> None:
-        """Write everything buffered now; returns once it is in the file."""
+    def drain(self) -> None:
+        """Write everything buffered now, `_MAX_BATCH` events per `Trace` message (the
+        interpreter's switch interval hands the GIL to the other threads between them)."""
         with self._lock:
             if self._closed or os.getpid() != self._owner:
                 return
             cpu = time.thread_time_ns()
-            pending = len(self._tracer._events)
-            while pending > 0:
-                batch = self._tracer.take_events(min(pending, _MAX_BATCH))
-                if not batch:
-                    break
-                pending -= len(batch)
+            for _ in range(-(-len(self._tracer._events) // _MAX_BATCH)):
+                batch = self._tracer.take_events(_MAX_BATCH)
                 data = self._encoder.encode(batch)
                 self._file.write(data)
                 self.events_written += len(batch)
                 self.bytes_written += len(data)
-                if yield_between and pending > 0:
-                    time.sleep(0)  # hand the GIL to the threads doing the real work
             self._file.flush()
             self.cpu_ns += time.thread_time_ns() - cpu
 
