@@ -98,15 +98,10 @@ def iter_packets(path: str | os.PathLike) -> Iterator[pb.TracePacket]:
 def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> TraceData:
     """One file; with `after_ns`, shifted to start just after it and flow ids moved up by
     `flow_base` (a later segment of a run)."""
-    names: dict[tuple[bool, int], str] = {}  # (is an arg name, iid) -> name; one per file
     track_name: dict[int, tuple[str, int]] = {}  # uuid -> (track, lane)
     counters: dict[str, list] = defaultdict(list)
     timeline: list[tuple] = []
     for packet in iter_packets(path):
-        for item in packet.interned_data.event_names:
-            names[False, item.iid] = item.name
-        for item in packet.interned_data.debug_annotation_names:
-            names[True, item.iid] = item.name
         if packet.HasField("track_descriptor"):
             desc = packet.track_descriptor
             name = f"{desc.thread.thread_name} ({desc.thread.tid})" if desc.HasField("thread") \
@@ -121,11 +116,9 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
                 (packet.timestamp, packet.track_event.double_counter_value))
         elif packet.HasField("track_event"):
             ev = packet.track_event
-            args = {names.get((True, a.name_iid), ""): getattr(a, a.WhichOneof("value"))
-                    for a in ev.debug_annotations}
-            timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type,
-                             names.get((False, ev.name_iid), ""), args,
-                             tuple(flow_base + f for f in ev.flow_ids),
+            args = {a.name: getattr(a, a.WhichOneof("value")) for a in ev.debug_annotations}
+            timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type, ev.name,
+                             args, tuple(flow_base + f for f in ev.flow_ids),
                              tuple(flow_base + f for f in ev.terminating_flow_ids)))
     stamps = [e[0] for e in timeline] + [t for c in counters.values() for t, _ in c]
     shift = 0 if after_ns is None or not stamps else after_ns + 1 - min(stamps)
