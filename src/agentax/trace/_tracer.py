@@ -117,8 +117,9 @@ class Span:
 
 
 class DeviceSpan(Span):
-    """A span for device work (`Tracer.device_span`): it ends when `block(x)` returns and its
-    args say `blocked=True`; without `block` it ends at `__exit__` with `blocked=False` (it
+    """A span for device work (`Tracer.device_span`) that ends when `block(x)` returns.
+
+    Its args say `blocked=True`; without `block` it ends at `__exit__` with `blocked=False` (it
     measured only the dispatch)."""
 
     __slots__ = ()
