@@ -19,18 +19,18 @@ from google.protobuf.internal.decoder import _DecodeVarint
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from agentax.trace._files import TRACE_FILENAME
-from agentax.trace._writer import LANE_SEPARATOR, segment_path
+from agentax.trace._writer import segment_path
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpanRecord:
     """One slice of the trace."""
 
     name: str
-    track: str  # custom track name, or "THREADNAME (TID)" for a thread track
+    track: str  # custom track name, or "THREADNAME (TID)" for a thread track; "T [k]" for
+    #             lane k of track T (spans of T that did not nest, see agentax.trace._writer)
     start_ns: int
     end_ns: int
-    depth: int = 0  # nesting depth on its (lane of the) track
-    lane: int = 0  # > 0 when it was moved off its track because it did not nest
+    depth: int = 0  # nesting depth on its track
     args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     flow_out: tuple[int, ...] = ()
     flow_in: tuple[int, ...] = ()
@@ -98,21 +98,16 @@ def iter_packets(path: str | os.PathLike) -> Iterator[pb.TracePacket]:
 def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> TraceData:
     """One file; with `after_ns`, shifted to start just after it and flow ids moved up by
     `flow_base` (a later segment of a run)."""
-    track_name: dict[int, tuple[str, int]] = {}  # uuid -> (track, lane)
+    track_name: dict[int, str] = {}
     counters: dict[str, list] = defaultdict(list)
     timeline: list[tuple] = []
     for packet in iter_packets(path):
         if packet.HasField("track_descriptor"):
             desc = packet.track_descriptor
-            name = f"{desc.thread.thread_name} ({desc.thread.tid})" if desc.HasField("thread") \
-                else desc.name
-            parent, _ = track_name.get(desc.parent_uuid, ("", 0))
-            if parent and name.startswith(parent + LANE_SEPARATOR):  # lane k: "T [k]"
-                track_name[desc.uuid] = parent, int(name[len(parent) + 2:-1])
-            else:
-                track_name[desc.uuid] = name, 0
+            track_name[desc.uuid] = f"{desc.thread.thread_name} ({desc.thread.tid})" \
+                if desc.HasField("thread") else desc.name
         elif packet.track_event.type == pb.TrackEvent.TYPE_COUNTER:
-            counters[track_name.get(packet.track_event.track_uuid, ("?", 0))[0]].append(
+            counters[track_name.get(packet.track_event.track_uuid, "?")].append(
                 (packet.timestamp, packet.track_event.double_counter_value))
         elif packet.HasField("track_event"):
             ev = packet.track_event
@@ -127,14 +122,14 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
     stacks: dict[int, list] = defaultdict(list)
     spans, instants = [], []
     for ts, _, uuid, kind, name, args, flow_out, flow_in in timeline:
-        track, lane = track_name.get(uuid, (str(uuid), 0))
+        track = track_name.get(uuid, str(uuid))
         if kind == pb.TrackEvent.TYPE_SLICE_BEGIN:
             stacks[uuid].append((name, ts, args, flow_out, flow_in))
         elif kind == pb.TrackEvent.TYPE_SLICE_END and stacks[uuid]:
             name, start, args, flow_out, flow_in = stacks[uuid].pop()
             spans.append(SpanRecord(name=name, track=track, start_ns=start + shift,
-                                    end_ns=ts + shift, depth=len(stacks[uuid]), lane=lane,
-                                    args=args, flow_out=flow_out, flow_in=flow_in))
+                                    end_ns=ts + shift, depth=len(stacks[uuid]), args=args,
+                                    flow_out=flow_out, flow_in=flow_in))
         elif kind == pb.TrackEvent.TYPE_INSTANT:
             instants.append(InstantRecord(name=name, track=track, ts_ns=ts + shift, args=args))
     spans.sort(key=lambda s: (s.start_ns, -s.end_ns))

@@ -35,8 +35,6 @@ from agentax.trace.names import ARG_ERROR, DEVICE_CALL, HOST_INFO
 # (kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)
 SPAN, INSTANT, COUNTER = 0, 1, 2
 
-DEFAULT_CAPACITY = 1 << 20
-
 
 class ThreadTrack(NamedTuple):
     """The default track of one OS thread."""
@@ -144,7 +142,7 @@ class Tracer:
       enabled: record at all; `set_enabled(False)` turns the process tracer off.
     """
 
-    def __init__(self, *, capacity: int = DEFAULT_CAPACITY,
+    def __init__(self, *, capacity: int = 1 << 20,
                  clock: Callable[[], int] = time.perf_counter_ns, enabled: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"Tracer capacity must be >= 1, got {capacity}")
@@ -215,17 +213,6 @@ class Tracer:
         """
         return self.span(name, track=track, args={**(args or {}), "blocked": False},
                          _kind=DeviceSpan)
-
-    def complete(self, name: str, start_ns: int, end_ns: int, *, track: str | None = None,
-                 args: Mapping[str, Any] | None = None, flow_out: Iterable[int] = (),
-                 flow_in: Iterable[int] = ()) -> None:
-        """Record a span whose start and end were measured elsewhere (same clock)."""
-        if not self.enabled:
-            return
-        if end_ns < start_ns:
-            raise ValueError(f"span {name!r} ends ({end_ns}) before it starts ({start_ns})")
-        self._record((SPAN, int(start_ns), int(end_ns), track or self.current_track(), name,
-                      dict(args) if args else None, tuple(flow_out), tuple(flow_in)))
 
     def instant(self, name: str, *, track: str | None = None,
                 args: Mapping[str, Any] | None = None, ts_ns: int | None = None) -> None:
