@@ -21,6 +21,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from agentax.trace._files import TRACE_FILENAME
 from agentax.trace._writer import segment_path
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpanRecord:
     """One slice of the trace."""

@@ -156,10 +156,6 @@ class Tracer:
         self._tls = threading.local()
         self._writer = self._last_writer = None
 
-    def now_ns(self) -> int:
-        """The tracer's clock, in nanoseconds."""
-        return self._clock()
-
     def _record(self, event: tuple) -> None:
         events = self._events
         if len(events) >= self.capacity:

@@ -153,9 +153,7 @@ class PacketEncoder:
                 ev.type, ev.track_uuid = pb.TrackEvent.TYPE_COUNTER, uuid
                 ev.double_counter_value = payload
                 continue
-            lane = 0
-            if kind == SPAN:
-                lane, start = self._lane(track, start, end)
+            lane, start = self._lane(track, start, end) if kind == SPAN else (0, start)
             uuid = self._track_uuid(track, lane)
             ev = add(timestamp=start, trusted_packet_sequence_id=SEQUENCE_ID).track_event
             ev.type = _BEGIN if kind == SPAN else pb.TrackEvent.TYPE_INSTANT
@@ -241,8 +239,7 @@ class PerfettoWriter:
         if os.getpid() != self._owner:
             return
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        self._thread.join()
         self.drain()
         with self._lock:
             if not self._closed:

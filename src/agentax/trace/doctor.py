@@ -181,9 +181,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
     metrics_path = os.path.join(run_dir, METRICS_FILENAME)
     metrics = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
     knobs = read_knobs(run_dir)
-    notes = []
-    if not trace.spans:
-        notes.append("the trace holds no spans; was anything instrumented?")
+    notes = () if trace.spans else ("the trace holds no spans; was anything instrumented?",)
     t0, t1 = trace.start_ns, trace.end_ns
     wall = max(t1 - t0, 1)
     by_name: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -235,7 +233,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         knobs=knobs,
         episodes=len(by_name.get(names.EPISODE, ())),
         train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
-        timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=tuple(notes),
+        timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=notes,
         host=dict(trace.instants_named(names.HOST_INFO)[-1].args)
         if trace.instants_named(names.HOST_INFO) else {},
         training_slowdown=_training_slowdown(by_name))
