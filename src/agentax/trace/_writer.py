@@ -93,7 +93,9 @@ class PacketEncoder:
         """Add a descriptor of a new track under `parent` to the message being built."""
         self._next_uuid = (self._next_uuid + 1) & ((1 << 63) - 1)
         desc = self._out.packet.add(trusted_packet_sequence_id=SEQUENCE_ID).track_descriptor
-        desc.uuid, desc.parent_uuid = self._next_uuid, parent
+        desc.uuid = self._next_uuid
+        if parent:
+            desc.parent_uuid = parent
         if thread is not None:
             desc.thread.pid, desc.thread.tid, desc.thread.thread_name = self.pid, *thread
         elif process is not None:

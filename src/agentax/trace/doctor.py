@@ -85,7 +85,6 @@ class DoctorReport:
     episodes: int
     train_steps: int
     metrics_records: int
-    timeline_t0_ns: int = 0
     timeline_bin_s: float = 0.0
     timeline: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
@@ -233,7 +232,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         knobs=knobs,
         episodes=len(by_name.get(names.EPISODE, ())),
         train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
-        timeline_t0_ns=t0, timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=notes,
+        timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=notes,
         host=dict(trace.instants_named(names.HOST_INFO)[-1].args)
         if trace.instants_named(names.HOST_INFO) else {},
         training_slowdown=_training_slowdown(by_name))
