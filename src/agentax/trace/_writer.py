@@ -33,6 +33,7 @@ _BEGIN, _END = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
 _MAX_ROOTS = 512  # top-level spans remembered per lane (bounds the writer's memory)
 _MAX_TRACKS = 4096  # tracks whose lanes are remembered (least recently used forgotten)
 _CHUNK = 64  # events encoded between two GIL hand-overs (~0.2 ms of encoding)
+_PAUSE_S = 1e-4  # the background drain's pause between chunks
 
 
 def segment_path(path: str, index: int) -> str:
@@ -210,18 +211,17 @@ class PerfettoWriter:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                self.drain()
+                self.drain(pause_s=_PAUSE_S)
             except Exception as err:  # never kill the run for a trace; say so once
                 print(f"agentax.trace: writer failed, tracing to {self.path} stops: {err!r}",
                       file=sys.stderr)
                 return
 
-    def drain(self) -> None:
-        """Write everything buffered now; returns once it is in the file.
-
-        Encodes `_CHUNK` events at a time and lets go of the GIL between chunks: the engine
-        and event-loop threads waiting for it get it within ~0.2 ms, not after the whole drain
-        (or the interpreter's 5 ms switch interval)."""
+    def drain(self, pause_s: float = 0.0) -> None:
+        """Write everything buffered now, `_CHUNK` events at a time with a `pause_s` sleep
+        between chunks (the background drain's): a thread waiting for the GIL (the engine's,
+        the event loop) gets it within a chunk, not after the drain or the 5 ms switch
+        interval (`sleep(0)` often takes the GIL straight back before the waiter wakes)."""
         with self._lock:
             if self._closed or os.getpid() != self._owner:
                 return
@@ -232,7 +232,7 @@ class PerfettoWriter:
                 self._file.write(data)
                 self.events_written += len(batch)
                 self.bytes_written += len(data)
-                time.sleep(0)
+                time.sleep(pause_s)
             self._file.flush()
             self.cpu_ns += time.thread_time_ns() - cpu
 
