@@ -7,8 +7,8 @@ Goal figure (both full and --quick):
                           tiny_pipeline.py), 2-turn episodes of 24 generated tokens and a 20 ms
                           environment step, 8 episodes per optimizer step, 3 steps per run
                           (~0.3 s). After an untraced and a traced warm-up run, runs alternate
-                          off/on in one process (order flipped each pair, a gc.collect() before
-                          each); a run is timed from the tracer's start to its close (what a
+                          off/on in one process (order flipped each pair; the warm heap frozen out
+                          of the GC's full collections); a run is timed from the tracer's start to its close (what a
                           traced run adds), not the run directory's setup. The figure is the
                           median of the per-pair ratios, `_ci95` its bootstrap 95% interval.
                           Pairs are added until that interval is narrower than +-0.004 or the
@@ -200,12 +200,15 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
             for enabled in (False, True):  # warm-up: shapes compiled, the writer's protos loaded
                 set_enabled(enabled)
                 tiny.run(work, steps, os.path.join(tmp, "warm-up") if enabled else None)
+            # The warm heap (JAX, the model, ~200k objects) is left out of later collections:
+            # a full collection of it (~0.1-1 s) would land in one run or the other at random.
+            gc.collect()
+            gc.freeze()
             while True:
                 pair, cpu = {}, {}
                 for enabled in ((False, True) if len(ratios) % 2 == 0 else (True, False)):
                     set_enabled(enabled)
                     run_dir = os.path.join(tmp, f"run{len(ratios)}") if enabled else None
-                    gc.collect()  # both runs start from the same heap (no inherited gen-2 pass)
                     tiny.run(work, steps, run_dir)  # times tracer start .. close, not the setup
                     pair[enabled], cpu[enabled] = tiny.last_run_s, tiny.last_cpu_s
                     if enabled:  # CPU the tracing took: recording (estimated) and writing
@@ -221,6 +224,7 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
                     if (hi - lo) / 2 < target_half_width or time.perf_counter() > deadline:
                         break
     finally:
+        gc.unfreeze()
         set_enabled(was_enabled)
     return {"tracing_overhead_pipeline": round(med, 4),
             "tracing_overhead_pipeline_ci95": [round(lo, 4), round(hi, 4)],
