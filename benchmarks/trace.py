@@ -7,9 +7,10 @@ Goal figure (both full and --quick):
                           tiny_pipeline.py), 2-turn episodes of 24 generated tokens and a 20 ms
                           environment step, 8 episodes per optimizer step, 3 steps per run
                           (~0.3 s). After an untraced and a traced warm-up run, runs alternate
-                          off/on in one process (order flipped each pair; the warm heap frozen out
-                          of the GC's full collections); a run is timed from the tracer's start to its close (what a
-                          traced run adds), not the run directory's setup. The figure is the
+                          off/on in one process (order flipped each pair; the warm heap frozen
+                          out of the GC's full collections); a run is timed from the tracer's
+                          start to its close (what a traced run adds), not the run directory's
+                          setup. The figure is the
                           median of the per-pair ratios, `_ci95` its bootstrap 95% interval.
                           Pairs are added until that interval is narrower than +-0.004 or the
                           time budget is spent (300 s; 30 s in --quick, whose interval is
