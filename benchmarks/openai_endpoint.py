@@ -54,7 +54,11 @@ SAMPLING = SamplingParams(temperature=1.0, max_tokens=64)
 LIMITS = CollectorConfig(max_turns=3, max_episode_tokens=360, model_timeout_s=120,
                          episode_timeout_s=300)
 CONCURRENCY = 32
-SCHEMA = openai_calculator.CALCULATOR_TOOL["function"]
+SCHEMA = {"name": "calculator", "description": "Evaluates arithmetic.",
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                         "required": ["expression"]}}
+"""The calculator's full schema, listed in every prompt of both modes (the recipe's SDK agent
+declares it by name only, to keep the tiny model's prompts short; this workload is unchanged)."""
 
 
 def compact_calculator():
@@ -95,7 +99,8 @@ class TimedEnv(OpenAIAgentEnvironment):
                 return out
 
             client.chat.completions.create = wrapped
-            return await openai_calculator.calculator_agent(client, task)
+            return await openai_calculator.calculator_agent(
+                client, task, tool={"type": "function", "function": SCHEMA})
 
         super().__init__(timed, reward_fn=calculator_reward)
 
