@@ -75,3 +75,27 @@ def test_fused_decode_equals_per_step_forward_cached(kind):
     np.testing.assert_array_equal(new_cache.k[0][2], cache.k[0][2])
     changed = np.any(np.asarray(new_cache.k[0][1] != cache.k[0][1]), axis=(0, 2))
     assert np.flatnonzero(changed).tolist() == [9, 10]
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_decode_kernel_copies_no_cache(steps):
+    # The decode kernel donates the cache and writes it in place: a copy of a whole cache
+    # buffer (what an unrolled step or a span sliced inside the loop made XLA do) costs more
+    # than the step itself at long max_seq_len.
+    from agentax.engine._kernels import ModelDef, decode_steps
+    from agentax.engine._sampling import RowSampling
+
+    model = Transformer(ModelConfig.tiny(num_layers=2), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    weights, treedef = jax.tree.flatten(state)
+    s, t_max = 4, 256
+    cache = init_cache(model.config, s, t_max)
+    ones = jnp.ones((s,), jnp.float32)
+    sampling = RowSampling(ones, jnp.zeros((s,), jnp.int32), ones, jnp.zeros((s,), jnp.uint32))
+    hlo = decode_steps.lower(
+        ModelDef(graphdef, treedef), weights, cache, jnp.zeros((4, s), jnp.int32), sampling,
+        jnp.full((s, 8), -1, jnp.int32), steps, 64,
+    ).compile().as_text()
+    cache_shape = "f32[%d,%d,%d,%d]" % cache.k[0].shape
+    copies = [line for line in hlo.splitlines() if f"= {cache_shape}" in line and " copy(" in line]
+    assert not copies, copies[:2]
