@@ -1,21 +1,40 @@
 """Async vs sync pipeline throughput on an environment with long-tailed step latency.
 
-Workload: the tiny byte model (real engine, real trainer, real collector), multi-turn episodes
-in an environment whose step latency is lognormal with its median set to one measured model
-turn and p99 about ten times that. Both modes train the same number of groups with the same
-model, tasks and knobs; they run one after the other in this process, after a warm-up that
-compiles every kernel, so compilation is not counted.
+Workload: the tiny byte model (real engine, real trainer, real collector), 3-turn episodes in
+an environment whose step latency is lognormal, median 0.1 s and p99 ten times that (a tool
+call or a sandbox step: its latency does not shrink when the model gets faster). Until
+2026-11-30 the median was one measured model turn, so the workload shrank with every engine
+speed-up (0.108 s, then 0.018 s); that workload is still measured, as `*_turn_latency`. Both
+modes train the same number of groups with the same model, tasks and knobs; they run one after
+the other in this process, after a warm-up that compiles every kernel, so compilation is not
+counted in the ratios. Throughput is counted in steady state: the first FILL_STEPS steps of
+every run are left out (async starts max_staleness + 1 steps' worth of groups at once).
 
 Figures (last line, JSON):
   async_over_sync            trajectories/s of async (best of max_staleness 1, 2) over sync
-  trainer_idle_sync/_async   fraction of wall time the trainer waited for data
+  async_over_sync_max_staleness_1/_2   the same ratio at each bound
+  ceiling_max_staleness_1/_2 the most async can gain at that bound given this sync run's
+                             rollout time R and train time S per step (see `ceiling`): at
+                             max_staleness=1 never more than 2, whatever the workload
+  async_over_sync_no_contention_max_staleness_1/_2  (full run only) the real Pipeline
+                             driving sleep-only parts with this workload's model turn, env
+                             latency and sync train step: the scheduling alone, no CPU shared
+  sync_rollout_s_per_step, sync_train_s_per_step   R and S of the sync run (means)
+  async_train_s_per_step_max_staleness_1  S while rollouts share the CPU with training
+  trainer_idle_sync/_async   fraction of wall time the trainer waited for data (async: best
+                             run; also at max_staleness=1)
   staleness_mean/_max        over trained groups of the best async run
   stale_dropped_fraction     episodes dropped as stale / episodes started, pooled over the
                              async runs at max_staleness=1: the main workload and the same
                              with 1 group per step (where arrival-order consumption dropped
                              ~11% before the gate scheduled by deadline)
   stale_dropped_fraction_1gps  that second run alone
-  async_over_sync_no_latency the same ratio with zero environment latency
+  async_over_sync_turn_latency(_max_staleness_1)  the ratio under the old workload
+  async_over_sync_no_latency the ratio with zero environment latency
+  compile_s / warmup_s       seconds XLA spent compiling during the warm-up, and the warm-up's
+                             wall time, on a fresh JAX compilation cache (`--cache-dir`)
+  compile_s_second_run / warmup_s_second_run  the same warm-up in a second process on the
+                             cache the first filled: a second identical run or a resume
 
 Usage: python benchmarks/pipeline.py [--quick]
 """
@@ -28,14 +47,16 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 from flax import nnx
 
 from agentax.agents import ModelAgent
-from agentax.engine import Engine, EngineConfig
+from agentax.engine import Engine, EngineConfig, enable_compilation_cache
 from agentax.envs import Environment
 from agentax.models import ModelConfig, Transformer
 from agentax.pipeline import Pipeline, PipelineConfig
@@ -48,6 +69,11 @@ MODEL = ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128, nu
                          num_kv_heads=1, head_dim=32)
 TASKS = [Task(id=f"t{i}", prompt=f"Count to {i}.") for i in range(32)]
 P99_Z = 2.326
+FILL_STEPS = 3
+"""Steps left out of every throughput figure (max_staleness + 1 for the largest bound run)."""
+ENV_MEDIAN_S = 0.1
+"""Median environment step latency of the main workload (seconds, fixed: a tool call or a
+sandbox step does not get faster when the model does)."""
 
 
 class LatencyEnv(Environment):
@@ -98,7 +124,17 @@ def run_mode(mode: str, staleness: int, steps: int, median_s: float, args) -> di
         engine.shutdown()
     stale = [s for rec in res.steps for s in rec.staleness]
     acc = res.accounting
-    return {"traj_per_s": res.trajectories_per_s, "trainer_idle": res.trainer_idle_fraction,
+    # Steady state: async starts max_staleness + 1 steps' worth of groups at once, which lends
+    # its first steps a head start no long run has; every mode skips the same first steps.
+    skip = FILL_STEPS if len(res.steps) > FILL_STEPS else 0
+    timed = res.steps[skip:]
+    start = res.steps[skip - 1].wall_s if skip else 0.0
+    period = (timed[-1].wall_s - start) / len(timed)
+    train_s = float(np.mean([rec.train_s for rec in timed]))
+    trained = sum(len(rec.group_ids) for rec in timed) * args.group_size
+    return {"traj_per_s": trained / (timed[-1].wall_s - start),
+            "trainer_idle": res.trainer_idle_fraction,
+            "train_s": train_s, "rollout_s": period - train_s,
             "stale_dropped_fraction": acc.filtered.get("stale", 0) / max(acc.started, 1),
             "stale_dropped": acc.filtered.get("stale", 0), "started": acc.started,
             "staleness_mean": float(np.mean(stale)), "staleness_max": int(max(stale)),
@@ -123,13 +159,117 @@ def measure_model_turn(args) -> float:
     return float(np.median(times))
 
 
+class _SleepEngine:
+    """Engine stand-in: holds the published version (no compute)."""
+
+    def __init__(self):
+        self.version = 0
+
+    def update_weights(self, state, version: int) -> None:
+        self.version = version
+
+
+class _SleepCollector:
+    """Collector stand-in: the workload's episodes as sleeps — each turn samples at the
+    engine's current version, takes `turn_s`, then an environment step of the same lognormal
+    latency as LatencyEnv. No CPU is used, so nothing contends with the trainer."""
+
+    def __init__(self, engine: _SleepEngine, turn_s: float, median_s: float, rng: random.Random):
+        self.engine, self.turn_s, self.median_s, self.rng = engine, turn_s, median_s, rng
+
+    async def run_episode(self, task, *, seed, group_id, sample_index):
+        from agentax.records import Trajectory, TrajectoryStatus
+
+        sigma, versions = math.log(10.0) / P99_Z, []
+        for _ in range(LatencyEnv.max_steps):
+            versions.append(self.engine.version)
+            await asyncio.sleep(self.turn_s)
+            await asyncio.sleep(self.median_s * math.exp(sigma * self.rng.gauss(0, 1)))
+        n = len(versions)
+        return Trajectory(task_id=task.id, token_ids=np.zeros(n, np.int32),
+                          loss_mask=np.ones(n, np.int8), logprobs=np.zeros(n, np.float32),
+                          versions=np.asarray(versions, np.int32), reward=self.rng.random(),
+                          status=TrajectoryStatus.OK, group_id=group_id, sample_index=sample_index)
+
+
+class _SleepTrainer:
+    def __init__(self, step_s: float):
+        self.step_s = step_s
+
+    def step(self, groups):
+        time.sleep(self.step_s)
+
+    def params_for_engine(self):
+        return None
+
+
+def no_contention(turn_s: float, train_s: float, args) -> dict:
+    """async over sync of the real Pipeline driving sleep-only parts with the main workload's
+    model turn, environment latency and sync train step: the pipeline's own scheduling, with
+    no CPU shared between rollouts and training (compare with the ceilings)."""
+    out = {}
+    for mode, staleness in (("sync", 0), ("async", 1), ("async", 2)):
+        engine = _SleepEngine()
+        collector = _SleepCollector(engine, turn_s, args.env_latency_s, random.Random(1))
+        cfg = PipelineConfig(mode=mode, max_staleness=staleness, group_size=args.group_size,
+                             groups_per_step=args.groups_per_step, max_concurrency=args.slots,
+                             filters=())
+        res = Pipeline(collector, _SleepTrainer(train_s), engine, TASKS, cfg).run(args.steps)
+        timed = res.steps[FILL_STEPS:]
+        out[staleness] = len(timed) * args.groups_per_step * args.group_size / (
+            timed[-1].wall_s - res.steps[FILL_STEPS - 1].wall_s)
+    return {s: out[s] / out[0] for s in (1, 2)}
+
+
 def compare(median_s: float, args) -> dict:
     sync = run_mode("sync", 0, args.steps, median_s, args)
     asyncs = {s: run_mode("async", s, args.steps, median_s, args) for s in (1, 2)}
     best_s = max(asyncs, key=lambda s: asyncs[s]["traj_per_s"])
-    best = asyncs[best_s]
-    return {"ratio": best["traj_per_s"] / sync["traj_per_s"], "sync": sync, "async": best,
+    ratios = {s: a["traj_per_s"] / sync["traj_per_s"] for s, a in asyncs.items()}
+    return {"ratio": ratios[best_s], "ratios": ratios, "sync": sync, "async": asyncs[best_s],
             "best_staleness": best_s, "async_by_staleness": asyncs}
+
+
+class CompileClock:
+    """Seconds XLA spent producing executables (compiling, or loading them from JAX's
+    persistent cache), and the cache's hits and misses, from `jax.monitoring` events."""
+
+    def __init__(self):
+        from jax import monitoring
+
+        self.compile_s, self.hits, self.misses = 0.0, 0, 0
+        monitoring.register_event_duration_secs_listener(self._duration)
+        monitoring.register_event_listener(self._event)
+
+    def _duration(self, name, secs, **_):
+        if name == "/jax/core/compile/backend_compile_duration":
+            self.compile_s += secs
+
+    def _event(self, name, **_):
+        if name == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+        elif name == "/jax/compilation_cache/cache_misses":
+            self.misses += 1
+
+
+def warm_up(args) -> dict:
+    """Compiles every kernel once (engine and trainer): a 2-step async run, then the model turn."""
+    t = time.perf_counter()
+    run_mode("async", 1, 2, 0.0, args)
+    turn_s = measure_model_turn(args)
+    return {"warmup_s": time.perf_counter() - t, "turn_s": turn_s}
+
+
+def second_run_compile(cache_dir: str, args) -> dict:
+    """The same warm-up in a fresh process on the cache this run filled: what a second
+    identical run (or a resume) spends compiling."""
+    cmd = [sys.executable, __file__, "--warmup-only", "--cache-dir", cache_dir,
+           "--slots", str(args.slots), "--group-size", str(args.group_size),
+           "--groups-per-step", str(args.groups_per_step)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"second-run warm-up failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -139,33 +279,78 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=48)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups-per-step", type=int, default=4)
+    ap.add_argument("--env-latency-s", type=float, default=ENV_MEDIAN_S,
+                    help="median environment step latency of the main workload")
+    ap.add_argument("--cache-dir", default=None,
+                    help="JAX compilation cache (default: a fresh temporary directory, so "
+                         "compile_s is a cold start and compile_s_second_run a warm one)")
+    ap.add_argument("--warmup-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.steps = args.steps or (3 if args.quick else 24)
+    args.steps = args.steps or (FILL_STEPS + 3 if args.quick else 24)
 
-    run_mode("async", 1, 2, 0.0, args)  # warm-up: compile every kernel once
-    turn_s = measure_model_turn(args)
-    with_latency = compare(turn_s, args)
+    tmp = None
+    if args.cache_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="agentax-pipeline-bench-")
+        args.cache_dir = tmp.name
+    enable_compilation_cache(args.cache_dir)
+    clock = CompileClock()
+    warm = warm_up(args)
+    compiled = {"compile_s": clock.compile_s, "warmup_s": warm["warmup_s"],
+                "cache_hits": clock.hits, "cache_misses": clock.misses}
+    if args.warmup_only:
+        print(json.dumps(compiled))
+        return
+    turn_s = warm["turn_s"]
+    main_run = compare(args.env_latency_s, args)
+    turn_run = compare(turn_s, args)  # the workload before: latency = one model turn
     no_latency = compare(0.0, args)
-    one_gps = run_mode("async", 1, args.steps, turn_s, argparse.Namespace(**{**vars(args), "groups_per_step": 1}))
-    s1 = with_latency["async_by_staleness"][1]
+    one_gps = run_mode("async", 1, args.steps, args.env_latency_s,
+                       argparse.Namespace(**{**vars(args), "groups_per_step": 1}))
+    # Full run only: it takes about as long again as the main workload's three runs.
+    sleeping = None if args.quick else no_contention(turn_s, main_run["sync"]["train_s"], args)
+    second = second_run_compile(args.cache_dir, args)
+    if tmp is not None:
+        tmp.cleanup()
+    s1 = main_run["async_by_staleness"][1]
     stale_fraction = (s1["stale_dropped"] + one_gps["stale_dropped"]) / max(s1["started"] + one_gps["started"], 1)
+    sync = main_run["sync"]
     figures = {
-        "async_over_sync": round(with_latency["ratio"], 3),
-        "trainer_idle_sync": round(with_latency["sync"]["trainer_idle"], 3),
-        "trainer_idle_async": round(with_latency["async"]["trainer_idle"], 3),
-        "staleness_mean": round(with_latency["async"]["staleness_mean"], 3),
-        "staleness_max": with_latency["async"]["staleness_max"],
+        "async_over_sync": round(main_run["ratio"], 3),
+        "async_over_sync_max_staleness_1": round(main_run["ratios"][1], 3),
+        "async_over_sync_max_staleness_2": round(main_run["ratios"][2], 3),
+        "ceiling_max_staleness_1": round(ceiling(sync, 1), 3),
+        "ceiling_max_staleness_2": round(ceiling(sync, 2), 3),
+        "best_max_staleness": main_run["best_staleness"],
+        **({} if sleeping is None else {
+            "async_over_sync_no_contention_max_staleness_1": round(sleeping[1], 3),
+            "async_over_sync_no_contention_max_staleness_2": round(sleeping[2], 3)}),
+        "trainer_idle_sync": round(sync["trainer_idle"], 3),
+        "trainer_idle_async": round(main_run["async"]["trainer_idle"], 3),
+        "trainer_idle_async_max_staleness_1": round(s1["trainer_idle"], 3),
+        "sync_rollout_s_per_step": round(sync["rollout_s"], 4),
+        "sync_train_s_per_step": round(sync["train_s"], 4),
+        "async_train_s_per_step_max_staleness_1": round(s1["train_s"], 4),
+        "staleness_mean": round(main_run["async"]["staleness_mean"], 3),
+        "staleness_max": main_run["async"]["staleness_max"],
         "stale_dropped_fraction": round(stale_fraction, 4),
         "stale_dropped_fraction_1gps": round(one_gps["stale_dropped_fraction"], 4),
+        "async_over_sync_turn_latency": round(turn_run["ratio"], 3),
+        "async_over_sync_turn_latency_max_staleness_1": round(turn_run["ratios"][1], 3),
         "async_over_sync_no_latency": round(no_latency["ratio"], 3),
-        "best_max_staleness": with_latency["best_staleness"],
-        "env_median_latency_s": round(turn_s, 4),
-        "sync_traj_per_s": round(with_latency["sync"]["traj_per_s"], 2),
-        "async_traj_per_s": round(with_latency["async"]["traj_per_s"], 2),
+        "env_median_latency_s": args.env_latency_s,
+        "model_turn_s": round(turn_s, 4),
+        "sync_traj_per_s": round(sync["traj_per_s"], 2),
+        "async_traj_per_s": round(main_run["async"]["traj_per_s"], 2),
+        "compile_s": round(compiled["compile_s"], 2),
+        "compile_s_second_run": round(second["compile_s"], 2),
+        "warmup_s": round(compiled["warmup_s"], 2),
+        "warmup_s_second_run": round(second["warmup_s"], 2),
+        "compile_cache_hits_second_run": second["cache_hits"],
+        "compile_cache_misses_second_run": second["cache_misses"],
         "steps": args.steps,
         "workload": (f"tiny byte model, {args.groups_per_step}x{args.group_size} episodes/step, "
-                     "3 turns x 16 tokens, lognormal env latency (median = 1 model turn, "
-                     f"p99 = 10x), {args.slots} slots"),
+                     f"3 turns x 16 tokens, lognormal env latency (median {args.env_latency_s:g} s, "
+                     f"p99 10x; turn_latency: median = 1 model turn), {args.slots} slots"),
     }
     if not args.quick:
         os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
@@ -173,6 +358,16 @@ def main() -> None:
             json.dump(figures, f, indent=2)
     sys.stdout.flush()
     print(json.dumps(figures))
+
+
+def ceiling(sync: dict, max_staleness: int) -> float:
+    """The most async can gain over this sync run at `max_staleness`, with the same rollout
+    time R and train time S per step. A step's groups must be sampled entirely with weights
+    at most `max_staleness` versions old, so they start after that version is published and
+    the step ends no earlier than R + S later: one step per (R + S) / (max_staleness + 1) at
+    best, and never faster than the trainer (S). Sync takes R + S per step."""
+    r, s = sync["rollout_s"], sync["train_s"]
+    return (r + s) / max(s, (r + s) / (max_staleness + 1))
 
 
 if __name__ == "__main__":

@@ -81,17 +81,18 @@ def test_long_prompts_are_chunked_within_the_token_budget():
     assert sched.pos[0] == 100 and sched.tok[0] == 7  # sampled token pending at position 100
 
 
-def test_decode_plan_span_covers_the_longest_sequence_plus_the_fused_steps():
+def test_decode_plan_span_covers_the_positions_before_the_longest_sequence():
     sched = Scheduler(CFG)
-    for n in (10, 60):
+    for n in (10, 64):
         sched.accept(request([1] * n, SamplingParams(temperature=0.0, max_tokens=100)))
     sched.admit()
     prefill_all(sched)
     plan = sched.plan_decode()
-    assert plan.state_4s[1, :2].tolist() == [10, 60] and plan.active == 2
-    assert plan.attend_len == 64  # 60 + 4 steps fit in 64
+    assert plan.state_4s[1, :2].tolist() == [10, 64] and plan.active == 2
+    # Positions 0..63 are cached; the 4 fused steps (64..67) read their own buffer.
+    assert plan.attend_len == 64
     decode(sched, lambda s, j: 5)
-    assert sched.plan_decode().attend_len == 128  # 64 + 4 do not
+    assert sched.plan_decode().attend_len == 128  # 68 cached positions do not fit in 64
     assert CFG.attend_buckets == (64, 128, 256, 512)
 
 

@@ -48,6 +48,31 @@ def test_sdk_agent_becomes_a_token_exact_trajectory(recording, tok):
     assert traj.num_generated <= 16  # the run's max_tokens caps every call
 
 
+def test_the_episode_client_streams(recording, tok):
+    """The client handed to the agent (its HTTP transport is the SDK's aiohttp one when aiohttp is
+    installed) streams server-sent events, in consecutive episodes on one loop."""
+    async def streamer(client, task):
+        parts = []
+        async for chunk in await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": task.prompt}], stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+        return float(len("".join(parts)))
+
+    async def main():
+        col = collector(recording, tok, lambda: OpenAIAgentEnvironment(streamer))
+        return [await col.run_episode(TASK, seed=s) for s in (1, 2)]
+
+    trajs = asyncio.run(main())
+    for traj, (_, _, c) in zip(trajs, recording.calls, strict=True):
+        assert traj.status == TrajectoryStatus.OK, traj.info
+        ids = [int(i) for i in c.token_ids]
+        if ids[-1] in tok.eos_token_ids:
+            ids = ids[:-1]
+        assert traj.reward == len(tok.decode(ids, skip_special_tokens=False))
+        np.testing.assert_array_equal(traj.token_ids[traj.loss_mask == 1], c.token_ids)
+
+
 def test_budget_timeout_reward_fn_and_agent_errors(recording, tok):
     async def chatty(client, task):
         msgs = [{"role": "user", "content": task.prompt}]

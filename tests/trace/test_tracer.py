@@ -55,7 +55,6 @@ def test_episode_tracks_nest_across_await(tmp_path):
         assert all(c.depth == 1 and episode.start_ns <= c.start_ns <= c.end_ns <= episode.end_ns
                    for c in children)
         assert [c.args.get("turn") for c in children if c.name == names.ENV_STEP] == [0, 1]
-        assert all(s.lane == 0 for s in on_track)
     (train,) = trace.spans_named(names.TRAIN_STEP)
     assert train.track == names.TRAINER_TRACK and train.flow_in == tuple(flows)
     assert sorted(f for s in trace.spans_named(names.EPISODE) for f in s.flow_out) == sorted(flows)
@@ -78,9 +77,8 @@ def test_concurrent_spans_on_one_thread_track_move_to_lanes(tmp_path):
     tracer.close()
     spans = {s.name: s for s in read_trace(_trace_path(tmp_path)).spans}
     assert (spans["a"].end_ns - spans["a"].start_ns, spans["b"].dur_ns) == (20, 20)
-    assert spans["a"].lane != spans["b"].lane
-    assert spans["a"].track == spans["b"].track == spans["c"].track
-    assert spans["c"].lane == 0
+    assert {spans["a"].track, spans["b"].track} == {spans["c"].track, spans["c"].track + " [1]"}
+    assert spans["a"].depth == spans["b"].depth == spans["c"].depth == 0
 
 
 def test_parent_starting_at_same_ns_as_child_still_encloses_it(tmp_path):
@@ -97,7 +95,7 @@ def test_parent_starting_at_same_ns_as_child_still_encloses_it(tmp_path):
     assert [spans[n].depth for n in ("parent", "child", "grandchild")] == [0, 1, 2]
     assert spans["grandchild"].dur_ns == 7 and spans["child"].dur_ns >= 7
     assert spans["parent"].end_ns == spans["child"].end_ns + 3
-    assert all(s.lane == 0 for s in spans.values())
+    assert len({s.track for s in spans.values()}) == 1  # no lane needed
 
 
 def test_thread_tracks_instants_counters_and_error_args(tmp_path):

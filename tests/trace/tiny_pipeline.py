@@ -124,7 +124,8 @@ class TinyPipeline:
 
     def run(self, work: Workload, steps: int, run_dir: str | None = None) -> PipelineResult:
         """Run `steps` optimizer steps of `work`; with `run_dir`, traced into it (and a
-        config.yaml with the knobs the doctor reads)."""
+        config.yaml with the knobs the doctor reads). `last_run_s` / `last_cpu_s` are the wall
+        and process CPU time from starting the tracer (if any) to closing it."""
         self.work = work
         self.collector.sampling = SamplingParams(temperature=1.0, max_tokens=work.max_tokens)
         self.collector.config = dataclasses.replace(self.collector.config, max_turns=work.turns)
@@ -139,6 +140,8 @@ class TinyPipeline:
                         f"  max_staleness: {config.max_staleness}\n"
                         f"engine:\n  max_slots: {MAX_SLOTS}\n")
             tracer.take_events()  # drop what earlier untraced runs left in the buffer
+        start, cpu = time.perf_counter(), time.process_time()
+        if run_dir is not None:
             tracer.start(run_dir)
         try:
             result = Pipeline(self.collector, self.trainer, self.engine, TASKS, config,
@@ -146,6 +149,8 @@ class TinyPipeline:
         finally:
             if run_dir is not None:
                 tracer.close()
+        self.last_run_s = time.perf_counter() - start
+        self.last_cpu_s = time.process_time() - cpu
         self.version += steps
         return result
 

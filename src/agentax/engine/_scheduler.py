@@ -60,7 +60,7 @@ class DecodePlan:
     state_4s: np.ndarray
     """[4, S] int32: pending token, its position, active flag, tokens still allowed."""
     attend_len: int
-    """Attention span: a bucket covering every position the fused steps can reach."""
+    """Cache span read: a bucket covering the positions before every active slot's own."""
     steps: int
     active: int
 
@@ -299,7 +299,9 @@ class Scheduler:
         if not self.active.any():
             return None
         steps = self.config.decode_steps_per_call
-        end = int(self.pos[self.active].max()) + steps
+        # The call reads the cache below each slot's position; what it writes it reads from
+        # its own buffer, so the span need not cover the fused steps.
+        end = int(self.pos[self.active].max())
         state = np.stack([self.tok, self.pos, self.active.astype(np.int32), self.remaining])
         return DecodePlan(state_4s=state, attend_len=self.config.attend_bucket(end),
                           steps=steps, active=int(self.active.sum()))
@@ -331,10 +333,11 @@ class Scheduler:
         """Appends sampled tokens to a request; finishes it if they end it. True if finished."""
         seq = req.seq
         n_before = len(req.out_tokens)
-        req.out_tokens.extend(int(t) for t in tokens)
-        req.out_logprobs.extend(float(x) for x in logprobs)
+        tokens = np.asarray(tokens).tolist()  # Python ints, in one call
+        req.out_tokens.extend(tokens)
+        req.out_logprobs.extend(np.asarray(logprobs).tolist())
         req.out_versions.extend([version] * len(tokens))
-        seq.tokens.extend(int(t) for t in tokens)
+        seq.tokens.extend(tokens)
         reason = None
         if req.params.stop_strings:
             cut = self._stop_string_cut(req, n_before)

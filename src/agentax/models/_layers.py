@@ -17,7 +17,8 @@ from flax import nnx
 from agentax.models._config import RopeScaling
 
 __all__ = [
-    "RMSNorm", "rope_inv_freq", "apply_rope", "attention", "cached_attention", "MASK_VALUE",
+    "RMSNorm", "rope_inv_freq", "apply_rope", "attention", "cached_attention",
+    "two_part_attention", "MASK_VALUE",
 ]
 
 MASK_VALUE = float(np.finfo(np.float32).min)
@@ -132,3 +133,38 @@ def cached_attention(
     probs = _masked_softmax(scores, mask_btl, softcap, v_bklh.dtype)
     out = jnp.einsum("bkgtl,bklh->btkgh", probs, v_bklh)  # [B, T, K, G, H]
     return out.reshape(b, t, n, h)
+
+
+def two_part_attention(
+    q_bnh: jax.Array,
+    k_bklh: jax.Array,
+    v_bklh: jax.Array,
+    mask_bl: jax.Array,
+    k_new_bkfh: jax.Array,
+    v_new_bkfh: jax.Array,
+    mask_new_bf: jax.Array,
+    *,
+    scale: float,
+    softcap: float | None,
+) -> jax.Array:
+    """One query per row over two key sets at once — a cache span [B, K, L, H] and the K/V of
+    the current fused decode steps [B, K, F, H] — with one softmax over both; returns [B, N*H].
+
+    The same attention as `cached_attention` over the cache with the new K/V written into it,
+    without writing them (a decode loop that wrote into the cache carried it through the loop).
+    """
+    b, n, h = q_bnh.shape
+    kv = k_bklh.shape[1]
+    q_bkgh = (q_bnh * jnp.asarray(scale, q_bnh.dtype)).reshape(b, kv, n // kv, h)
+    scores = jnp.concatenate([
+        jnp.einsum("bkgh,bklh->bkgl", q_bkgh, k_bklh, preferred_element_type=jnp.float32),
+        jnp.einsum("bkgh,bkfh->bkgf", q_bkgh, k_new_bkfh, preferred_element_type=jnp.float32),
+    ], axis=-1)  # [B, K, G, L + F]
+    if softcap is not None:
+        scores = jnp.tanh(scores / softcap) * softcap
+    mask = jnp.concatenate([mask_bl, mask_new_bf], axis=-1)[:, None, None, :]
+    probs = jax.nn.softmax(jnp.where(mask, scores, MASK_VALUE), axis=-1).astype(v_bklh.dtype)
+    span = k_bklh.shape[2]
+    out = (jnp.einsum("bkgl,bklh->bkgh", probs[..., :span], v_bklh)
+           + jnp.einsum("bkgf,bkfh->bkgh", probs[..., span:], v_new_bkfh))  # [B, K, G, H]
+    return out.reshape(b, n * h)

@@ -29,9 +29,13 @@ from agentax.models._layers import (
     attention,
     cached_attention,
     rope_inv_freq,
+    two_part_attention,
 )
 
-__all__ = ["Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments"]
+__all__ = [
+    "Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments",
+    "init_fresh", "write_fresh",
+]
 
 
 class KVCache(NamedTuple):
@@ -167,6 +171,29 @@ class Attention(nnx.Module):
         out = cached_attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
 
+    def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
+                    attend_len):
+        """Step `step` of a fused decode call; reads the cache, writes only `k_new`/`v_new`.
+
+        `k_new`/`v_new` [B, K, F, H] hold the K/V of this call's steps (index j is position
+        start_b + j); the cache holds every position before start_b.
+        """
+        q, k, v = self.qkv(x_b1d, positions_b[:, None])
+        k_new = jax.lax.dynamic_update_slice(
+            k_new, k.transpose(0, 2, 1, 3).astype(k_new.dtype), (0, 0, step, 0))
+        v_new = jax.lax.dynamic_update_slice(
+            v_new, v.transpose(0, 2, 1, 3).astype(v_new.dtype), (0, 0, step, 0))
+        q_pos = positions_b[:, None]
+        k_pos = jnp.arange(attend_len)[None, :]
+        mask = (k_pos < start_b[:, None]) & self.window_mask(q_pos, k_pos)  # [B, L]
+        j = jnp.arange(k_new.shape[2])[None, :]
+        mask_new = (j <= step) & self.window_mask(q_pos, start_b[:, None] + j)  # [B, F]
+        out = two_part_attention(
+            q[:, 0], k_cache[:, :, :attend_len], v_cache[:, :, :attend_len], mask, k_new, v_new,
+            mask_new, scale=self.scale, softcap=self.softcap,
+        )
+        return self.o_proj(out[:, None]), k_new, v_new
+
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -206,6 +233,14 @@ class Block(nnx.Module):
             self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len
         )
         return self._finish(x_btd, a), k_cache, v_cache
+
+    def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
+                    attend_len):
+        a, k_new, v_new = self.attn.decode_step(
+            self.attn_norm(x_b1d), positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
+            attend_len,
+        )
+        return self._finish(x_b1d, a), k_new, v_new
 
 
 class Transformer(nnx.Module):
@@ -328,3 +363,62 @@ class Transformer(nnx.Module):
         if logits_index_b is not None:
             x = jnp.take_along_axis(x, logits_index_b[:, None, None], axis=1)[:, 0]  # [B, D]
         return self.logits(self.final_norm(x)), KVCache(tuple(new_k), tuple(new_v))
+
+    def decode_step(
+        self,
+        tokens_b: jax.Array,
+        positions_b: jax.Array,
+        cache: KVCache,
+        fresh: KVCache,
+        step: jax.Array,
+        start_b: jax.Array,
+        attend_len: int,
+    ) -> tuple[jax.Array, KVCache]:
+        """One step of a fused decode call over every slot, leaving the cache untouched.
+
+        The K/V of a call's steps go to `fresh` (see `init_fresh`), written into the cache once
+        by `write_fresh` after the call's last step: a loop that wrote every step into the
+        cache would carry it (or its span) through the loop, copying it on CPU.
+
+        Args:
+          tokens_b: [S] the token each slot feeds.
+          positions_b: [S] its position (= start_b + step for a slot still decoding).
+          cache: the KV cache; it holds every position before start_b.
+          fresh: per-layer [S, K, F, H] K/V of this call's steps; step j sits at index j.
+          step: int32 scalar, this step's index in the call (< F).
+          start_b: [S] the position of each slot's first token in this call.
+          attend_len: static; the cache is read over positions [0, attend_len).
+
+        Returns:
+          (logits [S, V] float32, fresh with this step's K/V at index `step`).
+        """
+        x = self.embed_tokens(tokens_b[:, None])
+        new_k, new_v = [], []
+        for block, k_cache, v_cache, k_new, v_new in zip(
+            self.layers, cache.k, cache.v, fresh.k, fresh.v
+        ):
+            x, k_new, v_new = block.decode_step(
+                x, positions_b, k_cache, v_cache, k_new, v_new, step, start_b, attend_len
+            )
+            new_k.append(k_new)
+            new_v.append(v_new)
+        return self.logits(self.final_norm(x))[:, 0], KVCache(tuple(new_k), tuple(new_v))
+
+
+def init_fresh(cache: KVCache, steps: int) -> KVCache:
+    """Zeroed per-layer [S, K, steps, H] buffers for the K/V of one fused decode call."""
+    return KVCache(*(tuple(jnp.zeros((*c.shape[:2], steps, c.shape[3]), c.dtype) for c in part)
+                     for part in (cache.k, cache.v)))
+
+
+def write_fresh(cache: KVCache, fresh: KVCache, start_b: jax.Array, counts_b: jax.Array) -> KVCache:
+    """Writes the first `counts_b[s]` steps of `fresh` into slot s at start_b[s] onwards."""
+    steps = fresh.k[0].shape[2]
+    j = jnp.arange(steps)[None, :]
+    positions = jnp.where(j < counts_b[:, None], start_b[:, None] + j, cache.max_seq_len)  # [S, F]
+    rows = jnp.arange(cache.num_slots)[:, None]
+
+    def write(c, f):  # c[rows, :, positions] is [S, F, K, H]
+        return c.at[rows, :, positions].set(f.transpose(0, 2, 1, 3), mode="drop")
+
+    return KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)))

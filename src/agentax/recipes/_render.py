@@ -2,10 +2,12 @@
 
 `agentax.text.render_conversation` renders each assistant turn through the jinja template
 several times (to find its exact span); for thousands of tiny demonstrations that is seconds
-of the demo's two-minute budget. The byte template renders each message on its own, so the
-token stream and assistant mask can be composed message by message. `render_examples` uses
-this path only for the byte tokenizer without a tool list, and only after checking that it
-reproduces `render_conversation` id for id on a sample; otherwise it renders the slow way.
+of the demo's two-minute budget (20 s for 8160 demonstrations with a tool list). The byte
+template renders each message on its own, after one tool-list header when tools are given, so
+the token stream and assistant mask can be composed message by message. `render_examples` uses
+this path only for the byte tokenizer (with a tool list, only for conversations without a
+system message, which the header would absorb), and only after checking that it reproduces
+`render_conversation` id for id on a sample; otherwise it renders the slow way.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ def _calls_text(msg: Message) -> str:
     return "".join(out)
 
 
-def _fast(tokenizer: ByteTokenizer, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
-    ids: list[int] = []
-    mask: list[int] = []
+def _fast(tokenizer: ByteTokenizer, messages: Sequence[Message],
+          header: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    ids: list[int] = list(header)
+    mask: list[int] = [0] * len(ids)
 
     def add(text: str, m: int) -> None:
         piece = tokenizer.encode(text)
@@ -54,11 +57,19 @@ def _fast(tokenizer: ByteTokenizer, messages: Sequence[Message]) -> tuple[np.nda
     return np.asarray(ids, np.int32), np.asarray(mask, np.int8)
 
 
+def _header(tokenizer: ByteTokenizer, tools: Any) -> list[int]:
+    """The template's tool-list block (empty without tools)."""
+    return tokenizer.encode(tokenizer.chat_template.render([], tools=tools)) if tools else []
+
+
 def _fast_ok(tokenizer: Any, convs: Sequence[Sequence[Any]], tools: Any) -> bool:
-    if tools or type(tokenizer) is not ByteTokenizer:
+    if type(tokenizer) is not ByteTokenizer:
         return False
     if not all(isinstance(m, Message) for c in convs for m in c):
         return False
+    if tools and any(c and c[0].role == "system" for c in convs):
+        return False
+    header = _header(tokenizer, tools)
     # Check one of each conversation shape (roles + call counts) plus the first few.
     seen, sample = set(), []
     for i, c in enumerate(convs):
@@ -67,8 +78,8 @@ def _fast_ok(tokenizer: Any, convs: Sequence[Sequence[Any]], tools: Any) -> bool
             seen.add(shape)
             sample.append(c)
     for conv in sample:
-        ref = render_conversation(tokenizer, list(conv))
-        ids, mask = _fast(tokenizer, conv)
+        ref = render_conversation(tokenizer, list(conv), tools=tools)
+        ids, mask = _fast(tokenizer, conv, header)
         if not (np.array_equal(ids, ref.token_ids) and np.array_equal(mask, ref.assistant_mask)):
             return False
     return True
@@ -78,10 +89,11 @@ def render_examples(tokenizer: Any, convs: Sequence[Sequence[Any]], *, tools=Non
     """SFT examples — `(token_ids, loss_mask)` pairs — for chat conversations.
 
     Identical to `agentax.train.sft_examples` (which uses `render_conversation`); faster for
-    the byte tokenizer's template when no tools are listed.
+    the byte tokenizer's template.
     """
     if _fast_ok(tokenizer, convs, tools):
-        return [_fast(tokenizer, c) for c in convs]
+        header = _header(tokenizer, tools)
+        return [_fast(tokenizer, c, header) for c in convs]
     out = []
     for conv in convs:
         r = render_conversation(tokenizer, list(conv), tools=tools)

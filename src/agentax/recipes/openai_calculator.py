@@ -5,32 +5,34 @@ function, runs the calls the model makes with its own arithmetic, sends the resu
 stops at the first reply without a tool call. Nothing in it knows about agentax; `make_env`
 wraps it in an `OpenAIAgentEnvironment`, which points its `client` at the engine's endpoint
 and records each episode token-exactly. `openai_calculator.yaml` trains it with `agentax train`
-(see docs/openai.md); its prompts list the tool, so its warm start renders demonstrations with
-the same tool list (`agent.kwargs.list_tools: true`).
+(see docs/openai.md); its prompts list the tool, so its warm start renders the demonstrations
+with the same tool list (`make_agent`).
+
+The tool is declared by name only. The endpoint renders whatever schema the agent sends into
+every prompt, and the tiny byte-level model reads each byte as a token: the full schema
+(description and parameters, as the native demo's tool has) is 179 tokens in front of a
+~120-token episode, which tripled the warm start's cost. The name alone is 38 tokens; the
+argument format (`{"expression": ...}`) is learnt from the demonstrations, as the native demo,
+which lists no tools at all, learns it. Any tool list still slows the warm start, so the
+recipe trains longer than the native demo (docs/openai.md has the measurements).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import operator
 from typing import Any
 
 from agentax.recipes import calculator as _native
 from agentax.recipes._calculator import calculator_reward
+from agentax.recipes._tasks import PromptToolAgent
 from agentax.serve import OpenAIAgentEnvironment
 
 __all__ = ["CALCULATOR_TOOL", "calculator_agent", "demos", "make_agent", "make_env", "tasks"]
 
-CALCULATOR_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluates arithmetic.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]},
-    },
-}
-"""The tool the agent offers (the same schema as the native demo's compact calculator)."""
+CALCULATOR_TOOL = {"type": "function", "function": {"name": "calculator"}}
+"""The tool the agent offers: by name only (every byte of a schema is a prompt token here)."""
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -51,14 +53,21 @@ def _arithmetic(expression: str) -> str:
         return f"Error: {e}"
 
 
-async def calculator_agent(client: Any, task: Any, *, max_calls: int = 3) -> None:
-    """The SDK agent: a plain chat-completions tool loop (the reward is judged afterwards)."""
-    import json
+async def calculator_agent(client: Any, task: Any, *, max_calls: int = 3,
+                           tool: dict[str, Any] = CALCULATOR_TOOL) -> None:
+    """The SDK agent: a plain chat-completions tool loop (the reward is judged afterwards).
 
+    Args:
+      client: an `openai.AsyncOpenAI`.
+      task: the question (`task.prompt`).
+      max_calls: model calls at most.
+      tool: the calculator's schema as sent in every request (e.g. a full one with description
+        and parameters, as `benchmarks/openai_endpoint.py` measures).
+    """
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
     for _ in range(max_calls):
         reply = await client.chat.completions.create(model="agentax", messages=messages,
-                                                     tools=[CALCULATOR_TOOL])
+                                                     tools=[tool])
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
@@ -80,10 +89,12 @@ def make_env(**kwargs: Any) -> OpenAIAgentEnvironment:
     return OpenAIAgentEnvironment(calculator_agent, reward_fn=calculator_reward, **kwargs)
 
 
-def make_agent(**kwargs: Any):
+def make_agent(*, tool_format: str = "hermes") -> PromptToolAgent:
     """Not an agent of the episodes (the SDK agent is its own): it tells the warm start which
-    tool list to render the demonstrations with, the one the SDK agent sends."""
-    return _native.make_agent(list_tools=True, **kwargs)
+    tool list to render the demonstrations with, the one the SDK agent sends (and, like the
+    SDK agent, no system prompt)."""
+    return PromptToolAgent([CALCULATOR_TOOL], list_tools=True, tool_format=tool_format,
+                           system_prompt="")
 
 
 tasks = _native.tasks

@@ -5,12 +5,12 @@ Imports nothing from agentax. Standard names are in `agentax.trace.names`; the r
 """
 
 from agentax.trace import names
-from agentax.trace._device import DeviceSpan, block_until_ready
 from agentax.trace._files import CONFIG_FILENAME, METRICS_FILENAME, TIMELINE_FILENAME, TRACE_FILENAME
 from agentax.trace._metrics import MetricsLogger, read_metrics
 from agentax.trace._reader import (InstantRecord, SpanRecord, TraceData, iter_packets, read_trace,
                                    trace_segments)
-from agentax.trace._tracer import Span, ThreadTrack, Tracer, get_tracer, set_enabled, traced
+from agentax.trace._tracer import (DeviceSpan, Span, ThreadTrack, Tracer, block_until_ready,
+                                   get_tracer, set_enabled, traced)
 
 __all__ = [
     "CONFIG_FILENAME", "METRICS_FILENAME", "TIMELINE_FILENAME", "TRACE_FILENAME",

@@ -56,9 +56,3 @@ def step_series_stats(samples: Sequence[tuple[int, float]], t0: int, t1: int
     total = sum(e - s for s, e, _ in pieces)
     mean = sum((e - s) * v for s, e, v in pieces) / total if total else 0.0
     return mean, pieces
-
-
-def percentiles(values: Sequence[float], qs=(50, 95, 99)) -> tuple[float, ...]:
-    if not len(values):
-        return tuple(0.0 for _ in qs)
-    return tuple(float(x) for x in np.percentile(np.asarray(values, dtype=np.float64), qs))

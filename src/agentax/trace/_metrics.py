@@ -43,10 +43,8 @@ class MetricsLogger:
                  console: Any = None) -> None:
         path = os.fspath(path)
         if not path.endswith(".jsonl"):
-            os.makedirs(path, exist_ok=True)
             path = os.path.join(path, METRICS_FILENAME)
-        else:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
         self._file = open(path, "a", encoding="utf-8")
         self.console = console

@@ -19,11 +19,7 @@ from google.protobuf.internal.decoder import _DecodeVarint
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from agentax.trace._files import TRACE_FILENAME
-from agentax.trace._writer import LANE_SEPARATOR, segment_path
-
-# Counter samples sort by time only (stable): samples taken at the same ns keep the order they
-# were recorded in, so the last one is the value that holds afterwards.
-_TS = itemgetter(0)
+from agentax.trace._writer import segment_path
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,11 +27,11 @@ class SpanRecord:
     """One slice of the trace."""
 
     name: str
-    track: str  # custom track name, or "THREADNAME (TID)" for a thread track
+    track: str  # custom track name, or "THREADNAME (TID)" for a thread track; "T [k]" for
+    #             lane k of track T (spans of T that did not nest, see agentax.trace._writer)
     start_ns: int
     end_ns: int
-    depth: int = 0  # nesting depth on its (lane of the) track
-    lane: int = 0  # > 0 when it was moved off its track because it did not nest
+    depth: int = 0  # nesting depth on its track
     args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     flow_out: tuple[int, ...] = ()
     flow_in: tuple[int, ...] = ()
@@ -100,57 +96,28 @@ def iter_packets(path: str | os.PathLike) -> Iterator[pb.TracePacket]:
         pos = body + length
 
 
-def _value(ann: pb.DebugAnnotation) -> Any:
-    kind = ann.WhichOneof("value")
-    return getattr(ann, kind) if kind else None
-
-
 def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> TraceData:
     """One file; with `after_ns`, shifted to start just after it and flow ids moved up by
     `flow_base` (a later segment of a run)."""
-    names: dict[int, str] = {}
-    arg_names: dict[int, str] = {}
     track_name: dict[int, str] = {}
-    track_lane: dict[int, int] = {}
     counters: dict[str, list] = defaultdict(list)
     timeline: list[tuple] = []
     for packet in iter_packets(path):
-        if packet.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
-            names.clear()
-            arg_names.clear()
-        for item in packet.interned_data.event_names:
-            names[item.iid] = item.name
-        for item in packet.interned_data.debug_annotation_names:
-            arg_names[item.iid] = item.name
         if packet.HasField("track_descriptor"):
             desc = packet.track_descriptor
-            if desc.HasField("process"):
-                continue
-            name = f"{desc.thread.thread_name} ({desc.thread.tid})" if desc.HasField("thread") \
-                else desc.name
-            lane, parent = 0, track_name.get(desc.parent_uuid)
-            if parent is not None and name.startswith(parent + LANE_SEPARATOR):
-                lane = int(name[len(parent) + len(LANE_SEPARATOR):].rstrip("]"))
-                name = parent
-            track_name[desc.uuid], track_lane[desc.uuid] = name, lane
-            continue
-        if not packet.HasField("track_event"):
-            continue
-        ev = packet.track_event
-        if ev.type == pb.TrackEvent.TYPE_COUNTER:
-            counters[track_name.get(ev.track_uuid, str(ev.track_uuid))].append(
-                (packet.timestamp, ev.double_counter_value))
-            continue
-        args = {arg_names.get(a.name_iid, ""): _value(a) for a in ev.debug_annotations}
-        timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type,
-                         names.get(ev.name_iid, ""), args,
-                         tuple(flow_base + f for f in ev.flow_ids),
-                         tuple(flow_base + f for f in ev.terminating_flow_ids)))
-    shift = 0
-    if after_ns is not None:
-        first = min([e[0] for e in timeline] + [t for c in counters.values() for t, _ in c],
-                    default=after_ns)
-        shift = after_ns + 1 - first
+            track_name[desc.uuid] = f"{desc.thread.thread_name} ({desc.thread.tid})" \
+                if desc.HasField("thread") else desc.name
+        elif packet.track_event.type == pb.TrackEvent.TYPE_COUNTER:
+            counters[track_name.get(packet.track_event.track_uuid, "?")].append(
+                (packet.timestamp, packet.track_event.double_counter_value))
+        elif packet.HasField("track_event"):
+            ev = packet.track_event
+            args = {a.name: getattr(a, a.WhichOneof("value")) for a in ev.debug_annotations}
+            timeline.append((packet.timestamp, len(timeline), ev.track_uuid, ev.type, ev.name,
+                             args, tuple(flow_base + f for f in ev.flow_ids),
+                             tuple(flow_base + f for f in ev.terminating_flow_ids)))
+    stamps = [e[0] for e in timeline] + [t for c in counters.values() for t, _ in c]
+    shift = 0 if after_ns is None or not stamps else after_ns + 1 - min(stamps)
     # Match begins and ends the way trace processor does: by timestamp, ties in file order.
     timeline.sort(key=lambda e: (e[0], e[1]))
     stacks: dict[int, list] = defaultdict(list)
@@ -162,15 +129,16 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
         elif kind == pb.TrackEvent.TYPE_SLICE_END and stacks[uuid]:
             name, start, args, flow_out, flow_in = stacks[uuid].pop()
             spans.append(SpanRecord(name=name, track=track, start_ns=start + shift,
-                                    end_ns=ts + shift, depth=len(stacks[uuid]),
-                                    lane=track_lane.get(uuid, 0), args=args,
+                                    end_ns=ts + shift, depth=len(stacks[uuid]), args=args,
                                     flow_out=flow_out, flow_in=flow_in))
         elif kind == pb.TrackEvent.TYPE_INSTANT:
             instants.append(InstantRecord(name=name, track=track, ts_ns=ts + shift, args=args))
     spans.sort(key=lambda s: (s.start_ns, -s.end_ns))
     instants.sort(key=lambda i: i.ts_ns)
+    # Counter samples sort by time only (stable): samples taken at the same ns keep the order
+    # they were recorded in, so the last one is the value that holds afterwards.
     return TraceData(spans=tuple(spans), instants=tuple(instants),
-                     counters={k: tuple((t + shift, v) for t, v in sorted(c, key=_TS))
+                     counters={k: tuple((t + shift, v) for t, v in sorted(c, key=itemgetter(0)))
                                for k, c in counters.items()})
 
 

@@ -7,10 +7,16 @@ Without a writer the buffer is a flight recorder: it keeps the newest `capacity`
 The current track lives in a `ContextVar`, so a span opened on `episode/17` inside a coroutine
 makes every span nested under it (across `await`, and in tasks created inside it) land on the
 same track, while other coroutines on the same thread keep their own tracks.
+
+JAX dispatch is asynchronous, so a span around a jitted call measures only the dispatch; a
+`DeviceSpan` ends when the caller blocks on the result at the edge it chooses (once per train
+step, not per op). For an XLA-level profile run `jax.profiler.start_trace/stop_trace` around the
+steps you want: both use the monotonic clock, so the timestamps line up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -22,15 +28,12 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from agentax.trace._device import DeviceSpan, block_until_ready
 from agentax.trace._files import TRACE_FILENAME
-from agentax.trace.names import HOST_INFO
+from agentax.trace.names import ARG_ERROR, DEVICE_CALL, HOST_INFO
 
 # Event kinds in the buffer. Every record is an 8-tuple:
 # (kind, start_ns, end_ns, track, name, args_or_value, flow_out, flow_in)
 SPAN, INSTANT, COUNTER = 0, 1, 2
-
-DEFAULT_CAPACITY = 1 << 20
 
 
 class ThreadTrack(NamedTuple):
@@ -38,6 +41,13 @@ class ThreadTrack(NamedTuple):
 
     tid: int
     name: str
+
+
+def block_until_ready(value: Any) -> Any:
+    """`jax.block_until_ready` on a pytree (imports jax only when called)."""
+    import jax
+
+    return jax.block_until_ready(value)
 
 
 class _NoopSpan:
@@ -74,39 +84,27 @@ class Span:
 
     def __enter__(self) -> "Span":
         tracer = self._tracer
-        track = self.track
-        current = tracer._current_track
-        if track is None:
+        if self.track is None:
             self._token = None
-            track = current.get()
-            if track is None:
-                try:  # inline: spans on a thread's own track are the common case
-                    track = tracer._tls.track
-                except AttributeError:
-                    track = tracer._thread_track()
-            self.track = track
-        elif track == current.get():
-            self._token = None  # already current: nothing to set or undo
+            self.track = tracer._current_track.get() or tracer._thread_track()
         else:
-            self._token = current.set(track)
+            self._token = tracer._current_track.set(self.track)
         self.start_ns = tracer._clock()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         tracer = self._tracer
-        end_ns = tracer._clock()
+        end_ns = self.end_ns or tracer._clock()  # set earlier by `DeviceSpan.block`
         if self._token is not None:
             try:
                 tracer._current_track.reset(self._token)
             except ValueError:  # exited in another context (e.g. a generator); nothing to undo
                 pass
-        self.end_ns = end_ns
-        args = self.args
         if exc_type is not None:
-            args = {**(args or {}), "error": exc_type.__name__}
+            self.set_arg(ARG_ERROR, exc_type.__name__)
         # A tuple, not the span object: the collector untracks tuples of plain values, so a
         # full buffer costs the cyclic GC nothing (a buffered object would be traversed).
-        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, args,
+        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, self.args,
                         self.flow_out, self.flow_in))
         return False
 
@@ -116,7 +114,23 @@ class Span:
         self.args = {**self.args, key: value} if self.args else {key: value}
 
 
-_new_span = object.__new__
+class DeviceSpan(Span):
+    """A span for device work (`Tracer.device_span`) that ends when `block(x)` returns.
+
+    Its args say `blocked=True`; without `block` it ends at `__exit__` with `blocked=False` (it
+    measured only the dispatch)."""
+
+    __slots__ = ()
+
+    def block(self, value: Any) -> Any:
+        """Block until `value` (a pytree of arrays) is computed; the span ends here."""
+        value = block_until_ready(value)
+        self.end_ns = self._tracer._clock()
+        self.set_arg("blocked", True)
+        return value
+
+
+_new = object.__new__
 
 
 class Tracer:
@@ -128,7 +142,7 @@ class Tracer:
       enabled: record at all; `set_enabled(False)` turns the process tracer off.
     """
 
-    def __init__(self, *, capacity: int = DEFAULT_CAPACITY,
+    def __init__(self, *, capacity: int = 1 << 20,
                  clock: Callable[[], int] = time.perf_counter_ns, enabled: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"Tracer capacity must be >= 1, got {capacity}")
@@ -142,10 +156,6 @@ class Tracer:
         self._tls = threading.local()
         self._writer = self._last_writer = None
 
-    def now_ns(self) -> int:
-        """The tracer's clock, in nanoseconds."""
-        return self._clock()
-
     def _record(self, event: tuple) -> None:
         events = self._events
         if len(events) >= self.capacity:
@@ -156,8 +166,8 @@ class Tracer:
         try:
             return self._tls.track
         except AttributeError:
-            track = ThreadTrack(threading.get_native_id(), threading.current_thread().name)
-            self._tls.track = track
+            track = self._tls.track = ThreadTrack(threading.get_native_id(),
+                                                  threading.current_thread().name)
             return track
 
     def current_track(self) -> Any:
@@ -165,7 +175,8 @@ class Tracer:
         return self._current_track.get() or self._thread_track()
 
     def span(self, name: str, *, track: str | None = None, args: Mapping[str, Any] | None = None,
-             flow_out: Iterable[int] = (), flow_in: Iterable[int] = ()) -> Span | _NoopSpan:
+             flow_out: Iterable[int] = (), flow_in: Iterable[int] = (),
+             _kind: type = Span) -> Span | _NoopSpan:
         """A span from `__enter__` to `__exit__`.
 
         Args:
@@ -179,25 +190,25 @@ class Tracer:
         """
         if not self.enabled:
             return NOOP_SPAN
-        span = _new_span(Span)
+        span = _new(_kind)
         span._tracer = self
         span.name = name
         span.track = track
         span.args = args or None
+        span.end_ns = 0
         span.flow_out = tuple(flow_out) if flow_out else ()
         span.flow_in = tuple(flow_in) if flow_in else ()
         return span
 
-    def complete(self, name: str, start_ns: int, end_ns: int, *, track: str | None = None,
-                 args: Mapping[str, Any] | None = None, flow_out: Iterable[int] = (),
-                 flow_in: Iterable[int] = ()) -> None:
-        """Record a span whose start and end were measured elsewhere (same clock)."""
-        if not self.enabled:
-            return
-        if end_ns < start_ns:
-            raise ValueError(f"span {name!r} ends ({end_ns}) before it starts ({start_ns})")
-        self._record((SPAN, int(start_ns), int(end_ns), track or self.current_track(), name,
-                      dict(args) if args else None, tuple(flow_out), tuple(flow_in)))
+    def device_span(self, name: str = DEVICE_CALL, *, track: str | None = None,
+                    args: Mapping[str, Any] | None = None) -> DeviceSpan | _NoopSpan:
+        """A span for a jitted call that ends when the caller blocks on its result.
+
+        Usage: ``with tracer.device_span(TRAIN_STEP) as ds: out = ds.block(step(state, b))``.
+        Only the edge the caller chooses syncs.
+        """
+        return self.span(name, track=track, args={**(args or {}), "blocked": False},
+                         _kind=DeviceSpan)
 
     def instant(self, name: str, *, track: str | None = None,
                 args: Mapping[str, Any] | None = None, ts_ns: int | None = None) -> None:
@@ -234,18 +245,14 @@ class Tracer:
         """A fresh id to connect a producer span (flow_out) to a consumer span (flow_in)."""
         return next(self._flow_ids)
 
-    def use_track(self, track: str) -> "_TrackScope":
+    @contextlib.contextmanager
+    def use_track(self, track: str):
         """Make `track` the current track without opening a span (context manager)."""
-        return _TrackScope(self, track)
-
-    def device_span(self, name: str = "device_call", *, track: str | None = None,
-                    args: Mapping[str, Any] | None = None):
-        """A span for a jitted call that ends when the caller blocks on its result.
-
-        Usage: ``with tracer.device_span(TRAIN_STEP) as ds: out = ds.block(step(state, b))``.
-        Only the edge the caller chooses syncs; see `agentax.trace.DeviceSpan`.
-        """
-        return DeviceSpan(self, name, track, args) if self.enabled else NOOP_SPAN
+        token = self._current_track.set(track)
+        try:
+            yield track
+        finally:
+            self._current_track.reset(token)
 
     def start(self, path: str | os.PathLike, *, flush_interval_s: float = 0.2,
               process_name: str = "agentax") -> str:
@@ -324,21 +331,6 @@ def _host_info() -> dict:
     return info
 
 
-class _TrackScope:
-    __slots__ = ("_tracer", "_track", "_token")
-
-    def __init__(self, tracer: Tracer, track: str) -> None:
-        self._tracer, self._track, self._token = tracer, track, None
-
-    def __enter__(self) -> str:
-        self._token = self._tracer._current_track.set(self._track)
-        return self._track
-
-    def __exit__(self, *exc: object) -> bool:
-        self._tracer._current_track.reset(self._token)
-        return False
-
-
 _TRACER = Tracer()
 
 
@@ -376,4 +368,3 @@ def traced(name: str | Callable | None = None, *, track: str | None = None,
         return wrapper
 
     return decorate(name) if callable(name) and not isinstance(name, str) else decorate
-

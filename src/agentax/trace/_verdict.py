@@ -1,18 +1,9 @@
 """Turn the measured fractions into a bottleneck, a plain-words verdict and one suggestion.
 
-Rules, in order (thresholds are deliberately round; the report prints the numbers behind
-them so a reader can disagree):
-
-0. trainer busy >= 80% and producers blocked/stalled < 10% -> `balanced` (the healthy state)
-1. trainer busy >= 80% of its lifetime                    -> `trainer`
-2. producers stalled on max_staleness >= 20% of wall time, and >= 10% of the wall time
-   stalled with no episode in flight (rollouts and training alternate)  -> `staleness`
-3. requests wait for engine slots (mean >= 1) while all slots are busy >= 50% of the time
-                                                          -> `engine_slots`
-4. trainer waits >= 20% and episodes spend >= 40% of their time in env/tool/reward
-                                                          -> `environment`
-5. trainer waits >= 20% otherwise                         -> `model` (generation itself)
-6. otherwise                                              -> `balanced`
+`decide` checks its rules in order: balanced (a busy trainer that the rollouts keep up with),
+trainer, staleness, engine_slots, environment, model, else balanced. The thresholds are
+deliberately round and the report prints the numbers behind them, so a reader can disagree;
+docs/tracing.md tabulates the rules.
 """
 
 from __future__ import annotations
@@ -21,6 +12,7 @@ import math
 from typing import Any
 
 from agentax.trace import names
+from agentax.trace._intervals import difference_length, length
 
 
 def _nice(x: float) -> int:
@@ -63,8 +55,6 @@ def _shared_compute(fields: dict) -> str:
 
 def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     """(bottleneck, verdict, suggestion) from the report fields."""
-    from agentax.trace._intervals import difference_length, length
-
     busy = fields["trainer_busy_fraction"]
     wait = fields["trainer_wait_fraction"]
     stall = length(by_name.get(names.STALENESS_WAIT, [])) / wall
