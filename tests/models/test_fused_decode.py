@@ -1,4 +1,4 @@
-"""The fused-decode path (`Transformer.decode_step` + `write_fresh`) against `forward_cached`.
+"""The fused-decode path (`decode_step` + `KVCache.write_fresh`) against `forward_cached`.
 
 The engine's decode loop reads the cache and keeps the K/V of its steps in a side buffer,
 written into the cache after the loop; one `forward_cached` call per step writes them as it
@@ -17,7 +17,6 @@ import pytest
 from flax import nnx
 
 from agentax.models import ModelConfig, Transformer, init_cache
-from agentax.models._transformer import init_fresh, write_fresh
 
 S, T_MAX, STEPS, SPAN = 3, 32, 4, 16
 
@@ -38,13 +37,13 @@ def _per_step(graphdef, state, cache, tokens_sn, start_s, counts_s):
 def _fused(graphdef, state, cache, tokens_sn, start_s, counts_s):
     model = nnx.merge(graphdef, state)
     span = type(cache)(*(tuple(c[:, :, :SPAN] for c in part) for part in (cache.k, cache.v)))
-    fresh = init_fresh(cache, STEPS)
+    fresh = cache.fresh(STEPS)
     logits = []
     for i in range(STEPS):
         out, fresh = model.decode_step(tokens_sn[:, i], start_s + i, span, fresh, jnp.int32(i),
                                        start_s, SPAN)
         logits.append(out)
-    return jnp.stack(logits, 1), write_fresh(cache, fresh, start_s, counts_s)
+    return jnp.stack(logits, 1), cache.write_fresh(fresh, start_s, counts_s)
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "gemma3_like"])
