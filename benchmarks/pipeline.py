@@ -16,6 +16,9 @@ Figures (last line, JSON):
   ceiling_max_staleness_1/_2 the most async can gain at that bound given this sync run's
                              rollout time R and train time S per step (see `ceiling`): at
                              max_staleness=1 never more than 2, whatever the workload
+  async_over_sync_no_contention_max_staleness_1/_2  (full run only) the real Pipeline
+                             driving sleep-only parts with this workload's model turn, env
+                             latency and sync train step: the scheduling alone, no CPU shared
   sync_rollout_s_per_step, sync_train_s_per_step   R and S of the sync run (means)
   async_train_s_per_step_max_staleness_1  S while rollouts share the CPU with training
   trainer_idle_sync/_async   fraction of wall time the trainer waited for data (async: best
@@ -156,6 +159,68 @@ def measure_model_turn(args) -> float:
     return float(np.median(times))
 
 
+class _SleepEngine:
+    """Engine stand-in: holds the published version (no compute)."""
+
+    def __init__(self):
+        self.version = 0
+
+    def update_weights(self, state, version: int) -> None:
+        self.version = version
+
+
+class _SleepCollector:
+    """Collector stand-in: the workload's episodes as sleeps — each turn samples at the
+    engine's current version, takes `turn_s`, then an environment step of the same lognormal
+    latency as LatencyEnv. No CPU is used, so nothing contends with the trainer."""
+
+    def __init__(self, engine: _SleepEngine, turn_s: float, median_s: float, rng: random.Random):
+        self.engine, self.turn_s, self.median_s, self.rng = engine, turn_s, median_s, rng
+
+    async def run_episode(self, task, *, seed, group_id, sample_index):
+        from agentax.records import Trajectory, TrajectoryStatus
+
+        sigma, versions = math.log(10.0) / P99_Z, []
+        for _ in range(LatencyEnv.max_steps):
+            versions.append(self.engine.version)
+            await asyncio.sleep(self.turn_s)
+            await asyncio.sleep(self.median_s * math.exp(sigma * self.rng.gauss(0, 1)))
+        n = len(versions)
+        return Trajectory(task_id=task.id, token_ids=np.zeros(n, np.int32),
+                          loss_mask=np.ones(n, np.int8), logprobs=np.zeros(n, np.float32),
+                          versions=np.asarray(versions, np.int32), reward=self.rng.random(),
+                          status=TrajectoryStatus.OK, group_id=group_id, sample_index=sample_index)
+
+
+class _SleepTrainer:
+    def __init__(self, step_s: float):
+        self.step_s = step_s
+
+    def step(self, groups):
+        time.sleep(self.step_s)
+
+    def params_for_engine(self):
+        return None
+
+
+def no_contention(turn_s: float, train_s: float, args) -> dict:
+    """async over sync of the real Pipeline driving sleep-only parts with the main workload's
+    model turn, environment latency and sync train step: the pipeline's own scheduling, with
+    no CPU shared between rollouts and training (compare with the ceilings)."""
+    out = {}
+    for mode, staleness in (("sync", 0), ("async", 1), ("async", 2)):
+        engine = _SleepEngine()
+        collector = _SleepCollector(engine, turn_s, args.env_latency_s, random.Random(1))
+        cfg = PipelineConfig(mode=mode, max_staleness=staleness, group_size=args.group_size,
+                             groups_per_step=args.groups_per_step, max_concurrency=args.slots,
+                             filters=())
+        res = Pipeline(collector, _SleepTrainer(train_s), engine, TASKS, cfg).run(args.steps)
+        timed = res.steps[FILL_STEPS:]
+        out[staleness] = len(timed) * args.groups_per_step * args.group_size / (
+            timed[-1].wall_s - res.steps[FILL_STEPS - 1].wall_s)
+    return {s: out[s] / out[0] for s in (1, 2)}
+
+
 def compare(median_s: float, args) -> dict:
     sync = run_mode("sync", 0, args.steps, median_s, args)
     asyncs = {s: run_mode("async", s, args.steps, median_s, args) for s in (1, 2)}
@@ -241,6 +306,8 @@ def main() -> None:
     no_latency = compare(0.0, args)
     one_gps = run_mode("async", 1, args.steps, args.env_latency_s,
                        argparse.Namespace(**{**vars(args), "groups_per_step": 1}))
+    # Full run only: it takes about as long again as the main workload's three runs.
+    sleeping = None if args.quick else no_contention(turn_s, main_run["sync"]["train_s"], args)
     second = second_run_compile(args.cache_dir, args)
     if tmp is not None:
         tmp.cleanup()
@@ -254,6 +321,9 @@ def main() -> None:
         "ceiling_max_staleness_1": round(ceiling(sync, 1), 3),
         "ceiling_max_staleness_2": round(ceiling(sync, 2), 3),
         "best_max_staleness": main_run["best_staleness"],
+        **({} if sleeping is None else {
+            "async_over_sync_no_contention_max_staleness_1": round(sleeping[1], 3),
+            "async_over_sync_no_contention_max_staleness_2": round(sleeping[2], 3)}),
         "trainer_idle_sync": round(sync["trainer_idle"], 3),
         "trainer_idle_async": round(main_run["async"]["trainer_idle"], 3),
         "trainer_idle_async_max_staleness_1": round(s1["trainer_idle"], 3),

@@ -1,4 +1,4 @@
-"""The fused-decode path (`Transformer.decode_step` + `write_fresh`) against `forward_cached`.
+"""The fused-decode path (`decode_step` + `KVCache.write_fresh`) against `forward_cached`.
 
 The engine's decode loop reads the cache and keeps the K/V of its steps in a side buffer,
 written into the cache after the loop; one `forward_cached` call per step writes them as it
@@ -17,7 +17,6 @@ import pytest
 from flax import nnx
 
 from agentax.models import ModelConfig, Transformer, init_cache
-from agentax.models._transformer import init_fresh, write_fresh
 
 S, T_MAX, STEPS, SPAN = 3, 32, 4, 16
 
@@ -38,13 +37,13 @@ def _per_step(graphdef, state, cache, tokens_sn, start_s, counts_s):
 def _fused(graphdef, state, cache, tokens_sn, start_s, counts_s):
     model = nnx.merge(graphdef, state)
     span = type(cache)(*(tuple(c[:, :, :SPAN] for c in part) for part in (cache.k, cache.v)))
-    fresh = init_fresh(cache, STEPS)
+    fresh = cache.fresh(STEPS)
     logits = []
     for i in range(STEPS):
         out, fresh = model.decode_step(tokens_sn[:, i], start_s + i, span, fresh, jnp.int32(i),
                                        start_s, SPAN)
         logits.append(out)
-    return jnp.stack(logits, 1), write_fresh(cache, fresh, start_s, counts_s)
+    return jnp.stack(logits, 1), cache.write_fresh(fresh, start_s, counts_s)
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "gemma3_like"])
@@ -75,3 +74,27 @@ def test_fused_decode_equals_per_step_forward_cached(kind):
     np.testing.assert_array_equal(new_cache.k[0][2], cache.k[0][2])
     changed = np.any(np.asarray(new_cache.k[0][1] != cache.k[0][1]), axis=(0, 2))
     assert np.flatnonzero(changed).tolist() == [9, 10]
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_decode_kernel_copies_no_cache(steps):
+    # The decode kernel donates the cache and writes it in place: a copy of a whole cache
+    # buffer (what an unrolled step or a span sliced inside the loop made XLA do) costs more
+    # than the step itself at long max_seq_len.
+    from agentax.engine._kernels import ModelDef, decode_steps
+    from agentax.engine._sampling import RowSampling
+
+    model = Transformer(ModelConfig.tiny(num_layers=2), rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    weights, treedef = jax.tree.flatten(state)
+    s, t_max = 4, 256
+    cache = init_cache(model.config, s, t_max)
+    ones = jnp.ones((s,), jnp.float32)
+    sampling = RowSampling(ones, jnp.zeros((s,), jnp.int32), ones, jnp.zeros((s,), jnp.uint32))
+    hlo = decode_steps.lower(
+        ModelDef(graphdef, treedef), weights, cache, jnp.zeros((4, s), jnp.int32), sampling,
+        jnp.full((s, 8), -1, jnp.int32), steps, 64,
+    ).compile().as_text()
+    cache_shape = "f32[%d,%d,%d,%d]" % cache.k[0].shape
+    copies = [line for line in hlo.splitlines() if f"= {cache_shape}" in line and " copy(" in line]
+    assert not copies, copies[:2]

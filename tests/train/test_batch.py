@@ -77,6 +77,18 @@ def test_varied_lengths_give_few_shapes():
     assert len(shapes) <= 16
 
 
+def test_remainder_of_a_step_is_at_least_half_a_micro_batch():
+    """A step of several micro-batches pads its remainder to half a micro-batch, so its rows
+    take two shapes (8 and 4 here) whatever the count, instead of every power of two."""
+    for n, expected in [(17, [8, 8, 4]), (19, [8, 8, 4]), (22, [8, 8, 8]), (3, [4])]:
+        for pack in (False, True):
+            seqs = [_seq(40, 5, start=i) for i in range(n)]
+            mbs = build_micro_batches(seqs, micro_batch_size=8, max_seq_len=64,
+                                      min_seq_bucket=16, pack=pack, pack_length=64)
+            assert [mb.batch.shape[0] for mb in mbs] == expected, (n, pack)
+            assert sum(int(mb.batch.loss_mask.sum()) for mb in mbs) == 5 * n  # padding is inert
+
+
 def test_too_long_and_empty_sequences():
     assert build_micro_batches([_seq(1, 0)], micro_batch_size=2, max_seq_len=16,
                                min_seq_bucket=16) == []

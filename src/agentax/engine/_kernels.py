@@ -18,7 +18,6 @@ from flax import nnx
 
 from agentax.engine._sampling import RowSampling, sample_tokens
 from agentax.models import KVCache
-from agentax.models._transformer import init_fresh, write_fresh
 
 __all__ = ["ModelDef", "prefill_chunk", "decode_steps", "compiled_count"]
 
@@ -125,7 +124,7 @@ def decode_steps(
     # sliced once, before the loop: sliced inside it, XLA copied it every step (on CPU, 13.2
     # against 8.0 ms per 8-step call at max_seq_len 1024, span 128; carrying the span through
     # the loop and writing it back measured 12.6).
-    fresh = init_fresh(cache, num_steps)
+    fresh = cache.fresh(num_steps)
     span = KVCache(*(tuple(c[:, :, :attend_len] for c in part) for part in (cache.k, cache.v)))
     out_tok = jnp.zeros((s, num_steps), jnp.int32)
     out_lp = jnp.zeros((s, num_steps), jnp.float32)
@@ -150,10 +149,12 @@ def decode_steps(
         return (i + 1, fresh, new_tok, pos, active, remaining, out_tok, out_lp, counts)
 
     carry = (0, fresh, tokens_s, positions_s, active_s, remaining_s, out_tok, out_lp, counts)
-    carry = body(carry) if num_steps == 1 else jax.lax.while_loop(cond, body, carry)
+    # Even one step runs in the loop: unrolled, XLA could schedule a layer's write before its
+    # own read of the span and copied the whole cache to keep both (35 against 3 ms per call).
+    carry = jax.lax.while_loop(cond, body, carry)
     _, fresh, _, _, _, _, out_tok, out_lp, counts = carry
     # A slot writes the steps it was active for (a prefix): idle slots write nothing.
-    return out_tok, out_lp, counts, write_fresh(cache, fresh, positions_s, counts)
+    return out_tok, out_lp, counts, cache.write_fresh(fresh, positions_s, counts)
 
 
 def _merge(model_def: ModelDef, weights):

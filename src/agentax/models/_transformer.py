@@ -34,7 +34,6 @@ from agentax.models._layers import (
 
 __all__ = [
     "Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments",
-    "init_fresh", "write_fresh",
 ]
 
 
@@ -55,6 +54,23 @@ class KVCache(NamedTuple):
     @property
     def max_seq_len(self) -> int:
         return int(self.k[0].shape[2])
+
+    def fresh(self, steps: int) -> "KVCache":
+        """Zeroed per-layer [S, K, steps, H] buffers for the K/V of one fused decode call."""
+        return KVCache(*(tuple(jnp.zeros((*c.shape[:2], steps, c.shape[3]), c.dtype) for c in part)
+                         for part in (self.k, self.v)))
+
+    def write_fresh(self, fresh: "KVCache", start_b: jax.Array, counts_b: jax.Array) -> "KVCache":
+        """Writes the first `counts_b[s]` steps of `fresh` into slot s at start_b[s] onwards."""
+        steps = fresh.k[0].shape[2]
+        j = jnp.arange(steps)[None, :]
+        positions = jnp.where(j < counts_b[:, None], start_b[:, None] + j, self.max_seq_len)  # [S, F]
+        rows = jnp.arange(self.num_slots)[:, None]
+
+        def write(c, f):  # c[rows, :, positions] is [S, F, K, H]
+            return c.at[rows, :, positions].set(f.transpose(0, 2, 1, 3), mode="drop")
+
+        return KVCache(tuple(map(write, self.k, fresh.k)), tuple(map(write, self.v, fresh.v)))
 
 
 def init_cache(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None) -> KVCache:
@@ -376,8 +392,8 @@ class Transformer(nnx.Module):
     ) -> tuple[jax.Array, KVCache]:
         """One step of a fused decode call over every slot, leaving the cache untouched.
 
-        The K/V of a call's steps go to `fresh` (see `init_fresh`), written into the cache once
-        by `write_fresh` after the call's last step: a loop that wrote every step into the
+        The K/V of a call's steps go to `fresh` (see `KVCache.fresh`), written into the cache once
+        by `KVCache.write_fresh` after the call's last step: a loop that wrote every step into the
         cache would carry it (or its span) through the loop, copying it on CPU.
 
         Args:
@@ -405,20 +421,3 @@ class Transformer(nnx.Module):
         return self.logits(self.final_norm(x))[:, 0], KVCache(tuple(new_k), tuple(new_v))
 
 
-def init_fresh(cache: KVCache, steps: int) -> KVCache:
-    """Zeroed per-layer [S, K, steps, H] buffers for the K/V of one fused decode call."""
-    return KVCache(*(tuple(jnp.zeros((*c.shape[:2], steps, c.shape[3]), c.dtype) for c in part)
-                     for part in (cache.k, cache.v)))
-
-
-def write_fresh(cache: KVCache, fresh: KVCache, start_b: jax.Array, counts_b: jax.Array) -> KVCache:
-    """Writes the first `counts_b[s]` steps of `fresh` into slot s at start_b[s] onwards."""
-    steps = fresh.k[0].shape[2]
-    j = jnp.arange(steps)[None, :]
-    positions = jnp.where(j < counts_b[:, None], start_b[:, None] + j, cache.max_seq_len)  # [S, F]
-    rows = jnp.arange(cache.num_slots)[:, None]
-
-    def write(c, f):  # c[rows, :, positions] is [S, F, K, H]
-        return c.at[rows, :, positions].set(f.transpose(0, 2, 1, 3), mode="drop")
-
-    return KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)))

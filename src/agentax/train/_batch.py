@@ -111,6 +111,15 @@ def row_bucket(n: int, *, max_rows: int, multiple: int = 1) -> int:
     return -(-b // multiple) * multiple
 
 
+def _rows(n: int, total: int, micro_batch_size: int, multiple: int) -> int:
+    """Row bucket of a micro-batch of n rows out of `total`. When the step has several, the
+    remainder is padded to at least half a micro-batch: its rows then take one of two shapes
+    (micro_batch_size or half of it) instead of any power of two, each one a compilation."""
+    if total > micro_batch_size:
+        n = max(n, -(-micro_batch_size // 2))
+    return row_bucket(n, max_rows=micro_batch_size, multiple=multiple)
+
+
 def _first_fit_decreasing(lengths: Sequence[int], row_len: int) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     rows: list[list[int]] = []
@@ -199,13 +208,13 @@ def build_micro_batches(seqs: Sequence[HostSequence], *, micro_batch_size: int, 
         rows = [[keep[j] for j in row] for row in rows]
         for start in range(0, len(rows), micro_batch_size):
             chunk = rows[start:start + micro_batch_size]
-            b = row_bucket(len(chunk), max_rows=micro_batch_size, multiple=row_multiple)
+            b = _rows(len(chunk), len(rows), micro_batch_size, row_multiple)
             out.append(_fill(chunk, seqs, b, t, with_rl))
         return out
     order = sorted(keep, key=lambda i: -lengths[i])
     for start in range(0, len(order), micro_batch_size):
         chunk = order[start:start + micro_batch_size]
         t = bucket(lengths[chunk[0]])
-        b = row_bucket(len(chunk), max_rows=micro_batch_size, multiple=row_multiple)
+        b = _rows(len(chunk), len(order), micro_batch_size, row_multiple)
         out.append(_fill([[i] for i in chunk], seqs, b, t, with_rl))
     return out
