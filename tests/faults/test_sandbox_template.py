@@ -55,6 +55,33 @@ def test_bounds_leave_normal_renders_and_the_thread_alone():
     assert ChatTemplate("{{ 'ab' * 3 }}").render(MESSAGES) == "ababab"
 
 
+def test_one_watchdog_thread_serves_renders_of_any_timeout():
+    # Renders of a trusted template with a huge timeout leave finished watchdogs behind (each
+    # waits for its deadline in the shared thread's heap): they are dropped, and a later render
+    # with a short timeout still stops on time, in this thread and in another.
+    from agentax.text._template import _DEADLINES
+
+    trusted = ChatTemplate("{{ messages[0].content }}", timeout_s=1e6)
+    for _ in range(10_000):
+        assert trusted.render(MESSAGES) == "hi"
+    assert len(_DEADLINES.heap) <= 4096
+    src = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    errors = []
+
+    def render_slow():
+        try:
+            ChatTemplate(src, timeout_s=0.3, max_chars=10**9).render(MESSAGES)
+        except TemplateLimitError as e:
+            errors.append(str(e))
+
+    other = threading.Thread(target=render_slow)
+    other.start()
+    render_slow()
+    other.join(timeout=30)
+    assert len(errors) == 2 and all("timeout_s=0.3" in e for e in errors)
+    assert sum(t.name == "agentax-template-watchdog" for t in threading.enumerate()) == 1
+
+
 def test_large_numbers_as_plain_values_still_render():
     src = "{{ '%d' | format(20250101) }} {{ '%s' % 123456789 }} {{ '{}'.format(98765432) }} {{ 12345678 | abs }}"
     assert ChatTemplate(src, max_chars=1_000_000).render(MESSAGES) == "20250101 123456789 98765432 12345678"

@@ -176,6 +176,9 @@ class _Deadlines:
                                      name="agentax-template-watchdog", daemon=True).start()
                     self.pid = os.getpid()
         with self.cond:
+            if len(self.heap) >= 4096:  # finished renders wait for their deadline: drop them now
+                self.heap[:] = [entry for entry in self.heap if not entry[2].done]
+                heapq.heapify(self.heap)
             heapq.heappush(self.heap, (dog.deadline, next(self.count), dog))
             if self.heap[0][2] is dog:
                 self.cond.notify()
