@@ -12,7 +12,7 @@ from agentax.cli import load_config
 from agentax.cli._build import build_suite_for
 from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks
 from agentax.recipes._calculator import compact_calculator
-from agentax.recipes._render import _fast, _fast_ok, render_examples
+from agentax.recipes._render import _fast, _fast_header, render_examples
 from agentax.records import Action, Message, Task, ToolCall
 from agentax.text import ByteTokenizer, render_conversation
 from agentax.tools._calculator import evaluate
@@ -78,7 +78,7 @@ def test_fast_render_with_a_tool_list_matches_render_conversation():
     tok = ByteTokenizer()
     convs = calculator_demos(calculator_tasks(40, seed=5), seed=2)
     tools = [compact_calculator().schema()]
-    assert _fast_ok(tok, convs, tools)  # the fast path is taken, and it is exact:
+    assert _fast_header(tok, convs, tools)  # the fast path is taken, and it is exact:
     fast = render_examples(tok, convs, tools=tools)
     assert len(fast[0][0]) > len(_fast(tok, convs[0])[0])  # the tool list is there
     for conv, (ids, mask) in zip(convs, fast):

@@ -160,10 +160,8 @@ def two_part_attention(
         jnp.einsum("bkgh,bklh->bkgl", q_bkgh, k_bklh, preferred_element_type=jnp.float32),
         jnp.einsum("bkgh,bkfh->bkgf", q_bkgh, k_new_bkfh, preferred_element_type=jnp.float32),
     ], axis=-1)  # [B, K, G, L + F]
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
-    mask = jnp.concatenate([mask_bl, mask_new_bf], axis=-1)[:, None, None, :]
-    probs = jax.nn.softmax(jnp.where(mask, scores, MASK_VALUE), axis=-1).astype(v_bklh.dtype)
+    mask_b1s = jnp.concatenate([mask_bl, mask_new_bf], axis=-1)[:, None, :]
+    probs = _masked_softmax(scores[:, :, :, None], mask_b1s, softcap, v_bklh.dtype)[:, :, :, 0]
     span = k_bklh.shape[2]
     out = (jnp.einsum("bkgl,bklh->bkgh", probs[..., :span], v_bklh)
            + jnp.einsum("bkgf,bkfh->bkgh", probs[..., span:], v_new_bkfh))  # [B, K, G, H]

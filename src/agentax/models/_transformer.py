@@ -32,9 +32,7 @@ from agentax.models._layers import (
     two_part_attention,
 )
 
-__all__ = [
-    "Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments",
-]
+__all__ = ["Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments"]
 
 
 class KVCache(NamedTuple):
@@ -419,5 +417,3 @@ class Transformer(nnx.Module):
             new_k.append(k_new)
             new_v.append(v_new)
         return self.logits(self.final_norm(x))[:, 0], KVCache(tuple(new_k), tuple(new_v))
-
-

@@ -62,13 +62,14 @@ def _header(tokenizer: ByteTokenizer, tools: Any) -> list[int]:
     return tokenizer.encode(tokenizer.chat_template.render([], tools=tools)) if tools else []
 
 
-def _fast_ok(tokenizer: Any, convs: Sequence[Sequence[Any]], tools: Any) -> bool:
+def _fast_header(tokenizer: Any, convs: Sequence[Sequence[Any]], tools: Any) -> list[int] | None:
+    """The tool-list header ids when the fast path reproduces `render_conversation`, else None."""
     if type(tokenizer) is not ByteTokenizer:
-        return False
+        return None
     if not all(isinstance(m, Message) for c in convs for m in c):
-        return False
+        return None
     if tools and any(c and c[0].role == "system" for c in convs):
-        return False
+        return None
     header = _header(tokenizer, tools)
     # Check one of each conversation shape (roles + call counts) plus the first few.
     seen, sample = set(), []
@@ -81,8 +82,8 @@ def _fast_ok(tokenizer: Any, convs: Sequence[Sequence[Any]], tools: Any) -> bool
         ref = render_conversation(tokenizer, list(conv), tools=tools)
         ids, mask = _fast(tokenizer, conv, header)
         if not (np.array_equal(ids, ref.token_ids) and np.array_equal(mask, ref.assistant_mask)):
-            return False
-    return True
+            return None
+    return header
 
 
 def render_examples(tokenizer: Any, convs: Sequence[Sequence[Any]], *, tools=None) -> list:
@@ -91,8 +92,8 @@ def render_examples(tokenizer: Any, convs: Sequence[Sequence[Any]], *, tools=Non
     Identical to `agentax.train.sft_examples` (which uses `render_conversation`); faster for
     the byte tokenizer's template.
     """
-    if _fast_ok(tokenizer, convs, tools):
-        header = _header(tokenizer, tools)
+    header = _fast_header(tokenizer, convs, tools)
+    if header is not None:
         return [_fast(tokenizer, c, header) for c in convs]
     out = []
     for conv in convs:
