@@ -25,9 +25,11 @@ class EngineConfig:
     Row counts are padded to a power of two (capped at this value), so prefill compiles once
     per (row bucket, chunk bucket) pair that the traffic needs."""
     prefill_token_budget: int = 0
-    """Bucketed prefill tokens (rows x chunk) of the one prefill call run between two decode
-    calls; 0 means no limit beyond max_prefill_rows x prefill_chunk. A call always takes at
-    least one row, so a lower budget trades refill speed for steadier decode latency."""
+    """Bucketed prefill tokens (rows x chunk) of each prefill call run between two decode
+    calls (a packed call of fresh prompts, then a per-row call of the rest); 0 means no limit
+    beyond max_prefill_rows x prefill_chunk. A call always takes at least one row, so a lower
+    budget trades refill speed for steadier decode latency; below 2 x prefill_chunk fresh
+    prompts are not packed."""
     decode_steps_per_call: int = 8
     """Decode steps fused into one jitted call (an on-device loop with on-device stop checks).
 

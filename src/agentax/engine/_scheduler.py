@@ -232,18 +232,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
 
-    def plan_prefill(self) -> PrefillPlan | None:
-        """The next prefill call: the first requests waiting for prefill (FIFO), one row each
+    def plan_prefill(self, packed: bool = True) -> PrefillPlan | None:
+        """The next prefill call. A packed call (`_plan_packed`) when a fresh prompt waits
+        and `packed`; else the first other requests waiting for prefill (FIFO), one row each
         of at most `prefill_chunk` tokens, shaped (row bucket, chunk bucket of its longest
-        row) within the token budget. None when nothing waits for prefill."""
-        if not self.prefilling:
-            return None
-        if self.prefilling[0].seq.cached == 0 and self.config.packed_row_buckets:
+        row) within the token budget. None when nothing (else) waits for prefill.
+
+        The engine runs a packed call and then a per-row one before each decode call, so
+        neither kind waits behind the other."""
+        pack = bool(self.config.packed_row_buckets)
+        if packed and pack and any(req.seq.cached == 0 for req in self.prefilling):
             return self._plan_packed()
         cfg = self.config
         rows: list[tuple[_Request, int]] = []
         chunk = 0
         for req in self.prefilling:
+            if pack and req.seq.cached == 0:
+                continue  # the next packed call takes it
             n = min(len(req.pending), cfg.prefill_chunk)
             c = max(chunk, cfg.chunk_bucket(n))
             if rows and cfg.row_bucket(len(rows) + 1) * c > cfg.token_budget:
@@ -252,6 +257,8 @@ class Scheduler:
             chunk = c
             if len(rows) == cfg.prefill_rows:
                 break
+        if not rows:
+            return None
         r, t_max = cfg.row_bucket(len(rows)), cfg.max_seq_len
         tokens = np.zeros((r, chunk), np.int32)
         positions = np.full((r, chunk), t_max, np.int32)  # padding writes nothing
