@@ -2,7 +2,7 @@
 Held-out success after RL must reach 90% or at least double the warm start's, greedy and
 sampled alike (docs/recipes.md has the measured figures).
 
-Slow (about 2.5 minutes on two idle cores): CI runs it with the other `slow` tests.
+Slow (about 2.5-3 minutes on two idle cores): CI runs it with the other `slow` tests.
 """
 
 from __future__ import annotations
