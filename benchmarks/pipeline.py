@@ -2,7 +2,10 @@
 
 Workload: the tiny byte model (real engine, real trainer, real collector), 3-turn episodes in
 an environment whose step latency is lognormal, median 0.1 s and p99 ten times that (a tool
-call or a sandbox step: its latency does not shrink when the model gets faster). Until
+call or a sandbox step: its latency does not shrink when the model gets faster). The k-th
+episode of every run gets the same latencies (`EpisodeLatencies`: common random numbers), so
+sync and async face the same stragglers; until 2026-12-01 they drew them from one shared
+stream, and a 24-step ratio swung by +-0.3 with the draw alone. Until
 2026-11-30 the median was one measured model turn, so the workload shrank with every engine
 speed-up (0.108 s, then 0.018 s); that workload is still measured, as `*_turn_latency`. Both
 modes train the same number of groups with the same model, tasks and knobs; they run one after
@@ -16,9 +19,14 @@ Figures (last line, JSON):
   ceiling_max_staleness_1/_2 the most async can gain at that bound given this sync run's
                              rollout time R and train time S per step (see `ceiling`): at
                              max_staleness=1 never more than 2, whatever the workload
+  tail_ceiling_max_staleness_1/_2  the same with the long tail kept: the gate's schedule
+                             replayed on this sync run's own group times (`tail_ceiling`); what
+                             async reaches if rollouts and training shared no CPU
   async_over_sync_no_contention_max_staleness_1/_2  (full run only) the real Pipeline
                              driving sleep-only parts with this workload's model turn, env
                              latency and sync train step: the scheduling alone, no CPU shared
+  tail_ceiling_no_contention_max_staleness_1/_2  (full run only) `tail_ceiling` of that sleep
+                             run's sync arm: the scheduling alone against its own bound
   sync_rollout_s_per_step, sync_train_s_per_step   R and S of the sync run (means)
   async_train_s_per_step_max_staleness_1  S while rollouts share the CPU with training
   trainer_idle_sync/_async   fraction of wall time the trainer waited for data (async: best
@@ -76,22 +84,39 @@ ENV_MEDIAN_S = 0.1
 sandbox step does not get faster when the model does)."""
 
 
+class EpisodeLatencies:
+    """The environment latencies of each episode, drawn from its own seeded generator: the
+    k-th episode a run starts gets the same three latencies in every mode (common random
+    numbers), so the sync and async runs of one comparison face the same stragglers instead of
+    two independent draws of a long tail (same distribution: lognormal, p99 = 10 x median)."""
+
+    def __init__(self, median_s: float, seed: int):
+        self.median_s, self.seed, self.started = median_s, seed, 0
+        self.sigma = math.log(10.0) / P99_Z
+
+    def next_episode(self) -> list[float]:
+        """The latencies (seconds) of the next episode's environment steps."""
+        rng = random.Random(f"{self.seed}/{self.started}")
+        self.started += 1
+        return [self.median_s * math.exp(self.sigma * rng.gauss(0, 1))
+                for _ in range(LatencyEnv.max_steps)]
+
+
 class LatencyEnv(Environment):
     """Three-step episodes; each step waits a lognormal latency (a tool or a sandbox)."""
 
     max_steps = 3
 
-    def __init__(self, median_s: float, rng: random.Random):
+    def __init__(self, latencies: list[float]):
         super().__init__()
-        self.median_s, self.rng = median_s, rng
-        self.sigma = math.log(10.0) / P99_Z  # p99 = 10 x median
+        self.latencies = latencies
 
     async def _reset(self, task):
         return Observation(content=task.prompt)
 
     async def _step(self, action):
-        if self.median_s > 0:
-            await asyncio.sleep(self.median_s * math.exp(self.sigma * self.rng.gauss(0, 1)))
+        if self.latencies[self.num_steps - 1] > 0:
+            await asyncio.sleep(self.latencies[self.num_steps - 1])
         reward = sum(c in "aeiou" for c in action.text) / max(len(action.text), 1)
         return StepResult(observation=Observation(content="More."), reward=reward,
                           done=self.num_steps >= 3)
@@ -106,11 +131,32 @@ def build(median_s: float, seed: int, max_slots: int):
     trainer = RLTrainer(model, TrainerConfig(learning_rate=1e-3, micro_batch_size=16,
                                              max_seq_len=256, min_seq_bucket=128,
                                              off_policy="tis", is_cap=2.0))
-    rng = random.Random(seed)
-    collector = Collector(engine, tok, lambda: LatencyEnv(median_s, rng), lambda: ModelAgent(),
+    latencies = EpisodeLatencies(median_s, seed)
+    collector = Collector(engine, tok, lambda: LatencyEnv(latencies.next_episode()),
+                          lambda: ModelAgent(),
                           SamplingParams(temperature=1.0, max_tokens=16),
                           CollectorConfig(max_turns=3, max_episode_tokens=240))
     return engine, trainer, collector
+
+
+class GroupClock:
+    """Each group's rollout time in a sync run: from its step's start (the run's start, then
+    each publish) to its last episode's end."""
+
+    def __init__(self):
+        self.step_starts = [time.perf_counter()]
+        self.group_ends: dict[str, float] = {}
+
+    def on_episode(self, traj) -> None:
+        # Called as each member finishes: the last call is the group's last member.
+        self.group_ends[traj.group_id] = time.perf_counter()
+
+    def on_step(self, record) -> None:
+        self.step_starts.append(time.perf_counter())
+
+    def group_s(self, groups_per_step: int, steps: int) -> list[float]:
+        return [self.group_ends[f"g{i}"] - self.step_starts[i // groups_per_step]
+                for i in range(steps * groups_per_step)]
 
 
 def run_mode(mode: str, staleness: int, steps: int, median_s: float, args) -> dict:
@@ -118,8 +164,10 @@ def run_mode(mode: str, staleness: int, steps: int, median_s: float, args) -> di
     cfg = PipelineConfig(mode=mode, max_staleness=staleness, group_size=args.group_size,
                          groups_per_step=args.groups_per_step, max_concurrency=args.slots,
                          filters=())
+    clock = GroupClock()
     try:
-        res = Pipeline(collector, trainer, engine, TASKS, cfg).run(steps)
+        res = Pipeline(collector, trainer, engine, TASKS, cfg, on_episode=clock.on_episode,
+                       on_step=clock.on_step).run(steps)
     finally:
         engine.shutdown()
     stale = [s for rec in res.steps for s in rec.staleness]
@@ -138,7 +186,10 @@ def run_mode(mode: str, staleness: int, steps: int, median_s: float, args) -> di
             "stale_dropped_fraction": acc.filtered.get("stale", 0) / max(acc.started, 1),
             "stale_dropped": acc.filtered.get("stale", 0), "started": acc.started,
             "staleness_mean": float(np.mean(stale)), "staleness_max": int(max(stale)),
-            "wall_s": res.wall_s}
+            "wall_s": res.wall_s, "step_wall_s": [rec.wall_s for rec in res.steps],
+            "step_train_s": [rec.train_s for rec in res.steps],
+            "group_s": clock.group_s(args.groups_per_step, len(res.steps)) if mode == "sync" else None,
+            "groups_per_step": args.groups_per_step}
 
 
 def measure_model_turn(args) -> float:
@@ -171,20 +222,22 @@ class _SleepEngine:
 
 class _SleepCollector:
     """Collector stand-in: the workload's episodes as sleeps — each turn samples at the
-    engine's current version, takes `turn_s`, then an environment step of the same lognormal
-    latency as LatencyEnv. No CPU is used, so nothing contends with the trainer."""
+    engine's current version, takes `turn_s`, then an environment step with the latencies
+    LatencyEnv would get (the same `EpisodeLatencies`). No CPU is used, so nothing contends
+    with the trainer."""
 
-    def __init__(self, engine: _SleepEngine, turn_s: float, median_s: float, rng: random.Random):
-        self.engine, self.turn_s, self.median_s, self.rng = engine, turn_s, median_s, rng
+    def __init__(self, engine: _SleepEngine, turn_s: float, latencies: EpisodeLatencies,
+                 rng: random.Random):
+        self.engine, self.turn_s, self.latencies, self.rng = engine, turn_s, latencies, rng
 
     async def run_episode(self, task, *, seed, group_id, sample_index):
         from agentax.records import Trajectory, TrajectoryStatus
 
-        sigma, versions = math.log(10.0) / P99_Z, []
-        for _ in range(LatencyEnv.max_steps):
+        versions = []
+        for latency in self.latencies.next_episode():
             versions.append(self.engine.version)
             await asyncio.sleep(self.turn_s)
-            await asyncio.sleep(self.median_s * math.exp(sigma * self.rng.gauss(0, 1)))
+            await asyncio.sleep(latency)
         n = len(versions)
         return Trajectory(task_id=task.id, token_ids=np.zeros(n, np.int32),
                           loss_mask=np.ones(n, np.int8), logprobs=np.zeros(n, np.float32),
@@ -210,15 +263,23 @@ def no_contention(turn_s: float, train_s: float, args) -> dict:
     out = {}
     for mode, staleness in (("sync", 0), ("async", 1), ("async", 2)):
         engine = _SleepEngine()
-        collector = _SleepCollector(engine, turn_s, args.env_latency_s, random.Random(1))
+        collector = _SleepCollector(engine, turn_s, EpisodeLatencies(args.env_latency_s, 1),
+                                    random.Random(1))
         cfg = PipelineConfig(mode=mode, max_staleness=staleness, group_size=args.group_size,
                              groups_per_step=args.groups_per_step, max_concurrency=args.slots,
                              filters=())
-        res = Pipeline(collector, _SleepTrainer(train_s), engine, TASKS, cfg).run(args.steps)
+        clock = GroupClock()
+        res = Pipeline(collector, _SleepTrainer(train_s), engine, TASKS, cfg,
+                       on_episode=clock.on_episode, on_step=clock.on_step).run(args.steps)
         timed = res.steps[FILL_STEPS:]
         out[staleness] = len(timed) * args.groups_per_step * args.group_size / (
             timed[-1].wall_s - res.steps[FILL_STEPS - 1].wall_s)
-    return {s: out[s] / out[0] for s in (1, 2)}
+        if mode == "sync":
+            sync = {"step_wall_s": [r.wall_s for r in res.steps],
+                    "group_s": clock.group_s(args.groups_per_step, len(res.steps)),
+                    "groups_per_step": args.groups_per_step}
+    return {"ratio": {s: out[s] / out[0] for s in (1, 2)},
+            "tail_ceiling": {s: tail_ceiling(sync, s) for s in (1, 2)}}
 
 
 def compare(median_s: float, args) -> dict:
@@ -320,10 +381,14 @@ def main() -> None:
         "async_over_sync_max_staleness_2": round(main_run["ratios"][2], 3),
         "ceiling_max_staleness_1": round(ceiling(sync, 1), 3),
         "ceiling_max_staleness_2": round(ceiling(sync, 2), 3),
+        "tail_ceiling_max_staleness_1": round(tail_ceiling(sync, 1), 3),
+        "tail_ceiling_max_staleness_2": round(tail_ceiling(sync, 2), 3),
         "best_max_staleness": main_run["best_staleness"],
         **({} if sleeping is None else {
-            "async_over_sync_no_contention_max_staleness_1": round(sleeping[1], 3),
-            "async_over_sync_no_contention_max_staleness_2": round(sleeping[2], 3)}),
+            "async_over_sync_no_contention_max_staleness_1": round(sleeping["ratio"][1], 3),
+            "async_over_sync_no_contention_max_staleness_2": round(sleeping["ratio"][2], 3),
+            "tail_ceiling_no_contention_max_staleness_1": round(sleeping["tail_ceiling"][1], 3),
+            "tail_ceiling_no_contention_max_staleness_2": round(sleeping["tail_ceiling"][2], 3)}),
         "trainer_idle_sync": round(sync["trainer_idle"], 3),
         "trainer_idle_async": round(main_run["async"]["trainer_idle"], 3),
         "trainer_idle_async_max_staleness_1": round(s1["trainer_idle"], 3),
@@ -358,6 +423,39 @@ def main() -> None:
             json.dump(figures, f, indent=2)
     sys.stdout.flush()
     print(json.dumps(figures))
+
+
+def tail_ceiling(sync: dict, max_staleness: int) -> float:
+    """The most async can gain over this sync run at `max_staleness` if every group took
+    exactly as long as it did in the sync run (the same episodes with the same latencies:
+    `EpisodeLatencies`) and rollouts and training shared nothing: the gate's schedule replayed
+    on the sync run's own group times.
+
+    The first max_staleness + 1 steps' worth of groups start together and the first steps
+    train them in completion order. From then on the gate admits `groups_per_step` groups at
+    each publish, and the groups admitted at the end of step k - s - 1 are exactly those step k
+    must train (their deadline), so step k ends at
+
+        E_k = max(E_{k-1}, E_{k-s-1} + G_k) + C_k
+
+    with G_k the slowest of its groups and C_k the sync step's own train + publish time. Unlike
+    `ceiling` this keeps the long tail: a straggler delays its step in full, and a chain that
+    finished early waits for the step before it (it could not have started earlier)."""
+    walls, group_s, gps = sync["step_wall_s"], sync["group_s"], sync["groups_per_step"]
+    slowest = [max(group_s[k * gps:(k + 1) * gps]) for k in range(len(walls))]
+    cost = [wall - (walls[k - 1] if k else 0.0) - slowest[k] for k, wall in enumerate(walls)]
+    fill = sorted(group_s[:(max_staleness + 1) * gps])
+    ends: list[float] = []
+    for k in range(len(walls)):
+        if k <= max_staleness:
+            ready = fill[min((k + 1) * gps, len(fill)) - 1]
+        else:
+            ready = ends[k - max_staleness - 1] + slowest[k]
+        ends.append(max(ends[-1] if ends else 0.0, ready) + cost[k])
+    skip = FILL_STEPS if len(walls) > FILL_STEPS else 0
+    if skip:
+        return (walls[-1] - walls[skip - 1]) / (ends[-1] - ends[skip - 1])
+    return walls[-1] / ends[-1]
 
 
 def ceiling(sync: dict, max_staleness: int) -> float:

@@ -1,9 +1,8 @@
-"""`agentax train frozen_lake`, the full recipe, on 64 held-out maps: sampled success must reach
-90% or at least double the warm start (measured 37.5% -> 87.5%), and greedy success must not fall
-(measured 75.0% -> 85.9%). The issue's goal asks the same of greedy; the recipe does not reach it
-yet (docs/recipes.md), so this test holds what the recipe does and fails if it stops learning.
+"""`agentax train frozen_lake`, the full recipe, on 64 held-out maps: the issue's goal, as is.
+Held-out success after RL must reach 90% or at least double the warm start's, greedy and
+sampled alike (docs/recipes.md has the measured figures).
 
-Slow (a few minutes on two idle cores): CI runs it with the other `slow` tests.
+Slow (about 2.5-3 minutes on two idle cores): CI runs it with the other `slow` tests.
 """
 
 from __future__ import annotations
@@ -24,7 +23,5 @@ def test_frozen_lake_recipe_learns_held_out_maps(tmp_path, capsys):
     before, after = summary["eval_before"], summary["eval_after"]
     for mode in ("greedy", "sampled"):
         assert after[f"eval/{mode}/episodes"] >= 64
-    b, a = before["eval/sampled/success"], after["eval/sampled/success"]
-    assert a >= 0.9 or a >= 2 * b, f"sampled: {b:.3f} -> {a:.3f}"
-    b, a = before["eval/greedy/success"], after["eval/greedy/success"]
-    assert a >= b, f"greedy: {b:.3f} -> {a:.3f}"
+        b, a = before[f"eval/{mode}/success"], after[f"eval/{mode}/success"]
+        assert a >= 0.9 or a >= 2 * b, f"{mode}: {b:.3f} -> {a:.3f}"

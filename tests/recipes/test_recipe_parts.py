@@ -95,4 +95,19 @@ def test_frozen_lake_planner_reaches_every_goal_and_env_reports_metrics():
     for task in suite.eval_tasks:
         obs, result = asyncio.run(solve(task))
         assert result.reward == 1.0 and result.info["metrics"]["hole"] == 0.0
-        assert "P" in obs.content and len(obs.content.splitlines()) == 5  # grid + neighbours
+        assert "P" in obs.content and len(obs.content.splitlines()) == 8  # map + view ahead
+
+
+def test_frozen_lake_view_ahead_and_planner_tie_break():
+    from agentax.recipes import frozen_lake as fl
+
+    desc = ["SFHF", "FFFH", "FFFF", "HHFG"]
+    # The view ahead is the map from P down and right, '#' past the edge, always 4x4.
+    assert fl.render(desc, (1, 1)).splitlines() == ["SFHF", "FPFH", "FFFF", "HHFG",
+                                                     "PFH#", "FFF#", "HFG#", "####"]
+    assert fl.render(desc, (3, 2)).splitlines()[4:] == ["PG##", "####", "####", "####"]
+    # Of two equally short moves the planner takes the axis with more distance left.
+    open_map = ["SFFF", "FFFF", "FFFF", "FFFG"]
+    assert fl.shortest_path_action(open_map, (0, 0)) == 1  # 3 rows, 3 columns: down first
+    assert fl.shortest_path_action(open_map, (2, 0)) == 2  # 1 row, 3 columns: right
+    assert fl.shortest_path_action(open_map, (0, 2)) == 1  # 3 rows, 1 column: down

@@ -8,6 +8,7 @@ import asyncio
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -211,3 +212,17 @@ def test_refuses_without_isolation(monkeypatch, tmp_path):
         r = run(sb.run_bash("sleep 30"))
         assert r.timed_out
     assert not sb.workdir.exists()
+
+
+@needs_sandbox
+def test_python_started_by_a_relative_path_runs_inside(tmp_path):
+    """`cd examples && ../.venv/bin/python x.py` gives sys.executable ".../examples/../.venv/
+    bin/python", a path that does not exist inside the sandbox: the config normalises it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    roundabout = os.path.join(here, os.path.relpath(os.path.abspath(sys.executable), here))
+    assert ".." in roundabout
+    config = SandboxConfig(timeout_s=5.0, python=roundabout)
+    assert ".." not in config.python and os.path.samefile(config.python, sys.executable)
+    with Sandbox(config) as sb:
+        result = run(sb.run_python("print(6 * 7)"))
+    assert result.exit_code == 0 and result.stdout.strip() == "42", result

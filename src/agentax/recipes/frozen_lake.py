@@ -2,10 +2,10 @@
 
 Every task is a random 4x4 map (`gymnasium`'s `generate_random_map`, non-slippery); held-out
 maps are never trained on. The environment is `GymnasiumEnvironment` (it builds the task's
-map at reset) with a compact grid formatter that also spells out the player's four
-neighbouring cells, the agent is `FrozenLakeAgent`. Warm-start
-demonstrations come from a noisy planner: it walks a shortest path but takes a random move
-with probability `noise`, so some demonstrations fall into holes or wander.
+map at reset) with a compact grid formatter that also shows the map ahead of the player
+(`render`), the agent is `FrozenLakeAgent`. Warm-start demonstrations come from a noisy
+planner: it walks a shortest path but takes a random move with probability `noise`, so some
+demonstrations fall into holes or wander.
 
 The environment reports per-episode `hole` (fell into a hole), `invalid` (replies that named
 no action) and `moves`; `agentax train` shows them next to success.
@@ -40,18 +40,21 @@ def _unread(text: str) -> None:
 
 def render(desc: Sequence[str], pos: tuple[int, int]) -> str:
     """The map, one row a line, with the player as P (S start, F ice, H hole, G goal), then
-    the four cells next to the player ('#' off the map): "L:F D:H R:F U:#".
+    the view ahead: the same map again from the player's cell down and right, P at its top
+    left and '#' past the edge, always 4x4 ("PFH#\\nFFF#\\nHFG#\\n####").
 
-    The neighbour line is a formatting choice for the ~0.3M-parameter demo model, which does
-    not learn to read them off the grid within the recipe's budget; the grid keeps the rest.
+    The view ahead is a formatting choice for the ~0.3M-parameter demo model: it holds no cell
+    the map above does not, but puts the cells one and two moves down or right of P at the same
+    place in every observation, where the 2-layer model finds them (it does not learn to find
+    them in the map itself within the recipe's budget).
     """
     rows = [list(r) for r in desc]
     rows[pos[0]][pos[1]] = "P"
-    near = []
-    for name, (dr, dc) in zip("LDRU", _MOVES.values()):
-        r, c = pos[0] + dr, pos[1] + dc
-        near.append(f"{name}:{desc[r][c] if 0 <= r < len(desc) and 0 <= c < len(desc[0]) else '#'}")
-    return "\n".join("".join(r) for r in rows) + "\n" + " ".join(near)
+    n, m = len(desc), len(desc[0])
+    ahead = ["".join("P" if (dr, dc) == (0, 0) else desc[pos[0] + dr][pos[1] + dc]
+                     if pos[0] + dr < n and pos[1] + dc < m else "#" for dc in range(m))
+             for dr in range(n)]
+    return "\n".join("".join(r) for r in rows) + "\n" + "\n".join(ahead)
 
 
 def format_grid(obs: Any, env: gym.Env) -> str:
@@ -142,11 +145,15 @@ def _move(desc: Sequence[str], pos: tuple[int, int], action: int) -> tuple[int, 
 
 
 def shortest_path_action(desc: Sequence[str], pos: tuple[int, int]) -> int | None:
-    """An action on a shortest path to G from `pos` (None if G is unreachable)."""
+    """An action on a shortest path to G from `pos` (None if G is unreachable). Of several
+    equally short moves it takes the one along the axis with more distance left to G, so its
+    paths keep near the diagonal, where more ways around a hole stay open."""
     dist = _distances(desc)
     best = [a for a in _MOVES if _move(desc, pos, a) in dist
             and dist[_move(desc, pos, a)] < dist.get(pos, 1 << 30)]
-    return best[0] if best else None
+    goal = next(q for q, d in dist.items() if d == 0)
+    left = (abs(goal[0] - pos[0]), abs(goal[1] - pos[1]))  # rows, columns still to go
+    return max(best, key=lambda a: left[0] if _MOVES[a][0] else left[1]) if best else None
 
 
 def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.25,

@@ -99,6 +99,10 @@ class SandboxConfig:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_drain_bytes < 2 * self.max_output_bytes:
             raise ValueError("SandboxConfig.max_drain_bytes must be >= 2 * max_output_bytes")
+        # "/repo/examples/../.venv/bin/python" (python started by a relative path) names a
+        # directory that does not exist inside the sandbox; keep symlinks (a venv's python is
+        # one, and its prefix is found through it), drop the "..".
+        object.__setattr__(self, "python", os.path.normpath(os.path.abspath(self.python)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

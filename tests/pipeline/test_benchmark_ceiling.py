@@ -1,0 +1,58 @@
+"""benchmarks/pipeline.py: the tail ceiling (the gate's schedule replayed on a sync run's group
+times) and the paired episode latencies that both arms of a comparison share."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pipeline.py"
+_spec = importlib.util.spec_from_file_location("pipeline_benchmark", _SCRIPT)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+GPS = 4
+
+
+def _sync_run(group_s: list[float], cost_s: float) -> dict:
+    """A sync run's record: each step waits for its slowest group, then trains for cost_s."""
+    walls, t = [], 0.0
+    for k in range(len(group_s) // GPS):
+        t += max(group_s[k * GPS:(k + 1) * GPS]) + cost_s
+        walls.append(t)
+    steps = len(walls)
+    rollout = sum(w - (walls[k - 1] if k else 0.0) - cost_s for k, w in enumerate(walls))
+    return {"step_wall_s": walls, "group_s": group_s, "groups_per_step": GPS,
+            "rollout_s": rollout / steps, "train_s": cost_s}
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2, 3])
+@pytest.mark.parametrize("group_s, cost_s", [(1.0, 0.1), (0.2, 0.3)])
+def test_tail_ceiling_equals_the_constant_ceiling_when_rollouts_do_not_vary(max_staleness, group_s, cost_s):
+    sync = _sync_run([group_s] * (80 * GPS), cost_s)
+    assert bench.tail_ceiling(sync, max_staleness) == pytest.approx(
+        bench.ceiling(sync, max_staleness), rel=0.03)  # steps alternate: a partial period
+
+
+def test_a_straggler_costs_async_more_than_the_constant_ceiling_assumes():
+    group_s = [1.0] * (40 * GPS)
+    for k in range(5, 40, 6):
+        group_s[k * GPS] = 4.0  # one slow group every sixth step
+    sync = _sync_run(group_s, 0.1)
+    tail, flat = bench.tail_ceiling(sync, 2), bench.ceiling(sync, 2)
+    assert 1.0 < tail < flat - 0.3
+    assert bench.tail_ceiling(sync, 1) < bench.tail_ceiling(sync, 2)
+
+
+def test_episode_latencies_are_paired_by_start_order_and_lognormal():
+    a, b = bench.EpisodeLatencies(0.1, seed=1), bench.EpisodeLatencies(0.1, seed=1)
+    first = [a.next_episode() for _ in range(500)]
+    assert first == [b.next_episode() for _ in range(500)]
+    assert first != [bench.EpisodeLatencies(0.1, seed=2).next_episode() for _ in range(500)]
+    flat = [x for episode in first for x in episode]
+    assert all(len(episode) == bench.LatencyEnv.max_steps for episode in first)
+    assert statistics.median(flat) == pytest.approx(0.1, rel=0.15)
+    assert sorted(flat)[int(0.99 * len(flat))] == pytest.approx(1.0, rel=0.4)  # p99 = 10 x median
