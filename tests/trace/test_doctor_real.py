@@ -8,7 +8,7 @@ benchmarks/trace.py (`doctor_advice`), not asserted here (no wall-clock assertio
 
 import pytest
 
-from agentax.trace import doctor, names
+from agentax.trace import doctor, names, read_trace
 
 pytest.importorskip("jax")
 from tiny_pipeline import WORKLOADS, TinyPipeline  # noqa: E402
@@ -30,6 +30,10 @@ def _report(pipeline, tmp_path, workload):
     result.accounting.check()
     report = doctor.analyze(tmp_path)
     assert report.train_steps == STEPS and report.episodes >= STEPS * 4
+    # Each file starts with a sample of every engine counter, also those unchanged since
+    # the untraced runs before it (evictions stay 0 here).
+    assert {names.ENGINE_ACTIVE_SLOTS, names.ENGINE_WAITING, names.ENGINE_EVICTIONS} <= set(
+        read_trace(tmp_path).counters)
     return report, doctor.format_report(report)
 
 

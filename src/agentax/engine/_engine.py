@@ -420,8 +420,6 @@ class Engine:
             self._first_step_s = time.perf_counter() - self._start_time
         sched = self._sched
         sched.finish_decode(plan, out_tok, out_lp, counts, version)
-        self._telemetry.counters(
-            active=plan.active, waiting=len(sched.waiting),
-            tokens_per_step=sched.tokens_per_step, evictions=sched.counts["evictions"],
-        )
+        self._telemetry.counters(active=plan.active, waiting=len(sched.waiting),
+                                 evictions=sched.counts["evictions"])
         return True

@@ -18,7 +18,6 @@ _NAMES = {
     "DECODE_STEP": "decode_step",
     "ENGINE_ACTIVE_SLOTS": "engine_active_slots",
     "ENGINE_WAITING": "engine_waiting",
-    "ENGINE_TOKENS_PER_STEP": "engine_tokens_per_step",
     "ENGINE_EVICTIONS": "engine_evictions",
     "ENGINE_TRACK": "engine",
 }
@@ -54,7 +53,6 @@ class Telemetry:
         self.names = _names()
         self._has_span = hasattr(self.tracer, "span")
         self._has_counter = hasattr(self.tracer, "counter")
-        self._last: dict[str, float] = {}  # counter key -> last value recorded
 
     def span(self, key: str, **args: Any):
         if not self._has_span:
@@ -62,15 +60,13 @@ class Telemetry:
         track = self.names["ENGINE_TRACK"]
         return self.tracer.span(self.names[key], track=track, args=args or None)
 
-    def counters(self, *, active: int, waiting: int, tokens_per_step: float, evictions: int):
+    def counters(self, *, active: int, waiting: int, evictions: int):
         if not self._has_counter:
             return
         # Called every engine step; most steps change none of these, and a counter track is a
-        # step function, so only changes are recorded (always-on tracing must stay cheap).
-        last = self._last
-        for key, value in (("ENGINE_ACTIVE_SLOTS", active), ("ENGINE_WAITING", waiting),
-                           ("ENGINE_TOKENS_PER_STEP", tokens_per_step),
-                           ("ENGINE_EVICTIONS", evictions)):
-            if last.get(key) != value:
-                last[key] = value
-                self.tracer.counter(self.names[key], value)
+        # step function, so only changes are recorded (the tracer forgets the last values when
+        # it starts a new file, so each file starts with a sample of each).
+        tracer, names = self.tracer, self.names
+        tracer.counter(names["ENGINE_ACTIVE_SLOTS"], active, on_change=True)
+        tracer.counter(names["ENGINE_WAITING"], waiting, on_change=True)
+        tracer.counter(names["ENGINE_EVICTIONS"], evictions, on_change=True)

@@ -232,7 +232,8 @@ class PerfettoWriter:
                 self._file.write(data)
                 self.events_written += len(batch)
                 self.bytes_written += len(data)
-                time.sleep(pause_s)
+                if pause_s:  # not when closing: sleep(0) would still hand the GIL over
+                    time.sleep(pause_s)
             self._file.flush()
             self.cpu_ns += time.thread_time_ns() - cpu
 

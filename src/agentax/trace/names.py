@@ -28,7 +28,6 @@ HOST_INFO = "host_info"  # instant at `Tracer.start`: cpu_cores, jax_backend, ja
 # --- counters ----------------------------------------------------------------------------
 ENGINE_ACTIVE_SLOTS = "engine_active_slots"
 ENGINE_WAITING = "engine_waiting"  # requests waiting for a free slot
-ENGINE_TOKENS_PER_STEP = "engine_tokens_per_step"
 ENGINE_EVICTIONS = "engine_evictions"
 QUEUE_DEPTH = "queue_depth"  # complete groups waiting for the trainer
 STALENESS = "staleness"  # policy versions behind, one sample per trained trajectory/group
