@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["Telemetry"]
 
-# Fallback names, identical to the contract in .notes/trace.md.
+# Fallback names, the same as `agentax.trace.names` (used only if it cannot be imported).
 _NAMES = {
     "PREFILL": "prefill",
     "DECODE_STEP": "decode_step",
