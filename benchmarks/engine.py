@@ -148,21 +148,18 @@ def time_split(engine, prompts, lengths):
     from agentax.engine import _runner as eng_mod
 
     spent = {"decode": 0.0, "prefill": 0.0}
-    originals = {"decode": eng_mod.decode_steps, "prefill": eng_mod.prefill_chunk,
-                 "packed": eng_mod.prefill_packed}
+    originals = {"decode": eng_mod.decode_steps, "prefill": eng_mod.prefill_chunk}
 
-    def wrap(name, into):
+    def wrap(name):
         def call(*args):
             t = time.perf_counter()
             out = originals[name](*args)
             jax.block_until_ready(out)
-            spent[into] += time.perf_counter() - t
+            spent[name] += time.perf_counter() - t
             return out
         return call
 
-    eng_mod.decode_steps = wrap("decode", "decode")
-    eng_mod.prefill_chunk = wrap("prefill", "prefill")
-    eng_mod.prefill_packed = wrap("packed", "prefill")
+    eng_mod.decode_steps, eng_mod.prefill_chunk = wrap("decode"), wrap("prefill")
     try:
         params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i)
                   for i, n in enumerate(lengths)]
@@ -171,7 +168,6 @@ def time_split(engine, prompts, lengths):
         s1 = engine.stats()
     finally:
         eng_mod.decode_steps, eng_mod.prefill_chunk = originals["decode"], originals["prefill"]
-        eng_mod.prefill_packed = originals["packed"]
     steps = max(s1.steps - s0.steps, 1)
     calls = max(s1.prefill_calls - s0.prefill_calls, 1)
     return {

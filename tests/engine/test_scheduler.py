@@ -56,36 +56,11 @@ def test_fifo_admission_fills_free_slots_then_waits():
     assert [r.seq.slot for r in reqs[:3]] == [0, 1, 2]
     assert list(sched.waiting) == reqs[3:] and sched.slot_counts() == (3, 0, 0)
     plan = sched.plan_prefill()
-    # One packed call: fresh prompts share a row of packed_width (2 chunks) tokens, each its
-    # own segment, positions from 0; padding writes nothing and belongs to no segment.
-    assert plan.tokens_rc.shape == (1, 64) and plan.num_tokens == 2 + 3 + 4
-    assert plan.segments_rc[0, :10].tolist() == [1, 1, 2, 2, 2, 3, 3, 3, 3, 0]
-    assert plan.positions_rc[0, :9].tolist() == [0, 1, 0, 1, 2, 0, 1, 2, 3]
-    assert plan.positions_rc[0, 9:].tolist() == [CFG.max_seq_len] * 55
-    assert plan.slots_rc[0, :9].tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2]
-    assert plan.last_r[:3].tolist() == [1, 4, 8] and plan.slots_r[:3].tolist() == [0, 1, 2]
-    assert plan.attend_len == 0
-
-
-def test_packed_prefill_fills_rows_first_fit_and_buckets_the_row_count():
-    cfg = EngineConfig(max_slots=8, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8)
-    assert cfg.packed_width == 64 and cfg.packed_row_buckets == (1, 2, 3, 4)
-    sched = Scheduler(cfg)
-    # 32 + 40 (first chunk 32, then 8 more through the per-row path) + 20 + 10 + 30 tokens.
-    reqs = [request([1] * n) for n in (32, 40, 20, 10, 30)]
-    for r in reqs:
-        sched.accept(r)
-    sched.admit()
-    plan = sched.plan_prefill()
-    # Rows (first fit, FIFO): [32, 32], [20, 10, 30]: 2 real rows, no row-bucket padding.
-    assert plan.tokens_rc.shape == (2, 64) and plan.num_tokens == 32 + 32 + 20 + 10 + 30
-    assert [n for _, n in plan.rows] == [32, 32, 20, 10, 30]
-    assert plan.segments_rc[1, :61].tolist() == [3] * 20 + [4] * 10 + [5] * 30 + [0]
-    sched.finish_prefill(plan, np.full(8, 7), np.zeros(8))
-    assert reqs[0].seq.cached == 32 and list(sched.prefilling) == [reqs[1]]
-    plan = sched.plan_prefill()  # a continued chunk reads the cache: the per-row path
-    assert plan.segments_rc is None and plan.tokens_rc.shape == (1, 8)
-    assert plan.positions_rc[0].tolist() == list(range(32, 40)) and plan.attend_len == 128
+    # One call, one row per request, padded to the row and chunk buckets.
+    assert plan.tokens_rc.shape == (3, 8) and plan.num_tokens == 2 + 3 + 4
+    assert plan.positions_rc[0, 2:].tolist() == [CFG.max_seq_len] * 6  # padding writes nothing
+    assert plan.positions_rc[2, :4].tolist() == [0, 1, 2, 3] and plan.last_r[:3].tolist() == [1, 2, 3]
+    assert plan.attend_len == 64
 
 
 def test_long_prompts_are_chunked_within_the_token_budget():
@@ -117,9 +92,8 @@ def test_decode_plan_span_covers_the_positions_before_the_longest_sequence():
     # Positions 0..63 are cached; the 4 fused steps (64..67) read their own buffer.
     assert plan.attend_len == 64
     decode(sched, lambda s, j: 5)
-    assert sched.plan_decode().attend_len == 80  # 68 cached positions do not fit in 64
+    assert sched.plan_decode().attend_len == 128  # 68 cached positions do not fit in 64
     assert CFG.attend_buckets == (64, 128, 256, 512)
-    assert CFG.decode_spans == (64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
 def test_finish_reasons_eos_stop_id_length_and_slot_full():

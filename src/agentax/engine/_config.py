@@ -25,11 +25,9 @@ class EngineConfig:
     Row counts are padded to a power of two (capped at this value), so prefill compiles once
     per (row bucket, chunk bucket) pair that the traffic needs."""
     prefill_token_budget: int = 0
-    """Bucketed prefill tokens (rows x chunk) of each prefill call run between two decode
-    calls (a packed call of fresh prompts, then a per-row call of the rest); 0 means no limit
-    beyond max_prefill_rows x prefill_chunk. A call always takes at least one row, so a lower
-    budget trades refill speed for steadier decode latency; below 2 x prefill_chunk fresh
-    prompts are not packed."""
+    """Bucketed prefill tokens (rows x chunk) of the one prefill call run between two decode
+    calls; 0 means no limit beyond max_prefill_rows x prefill_chunk. A call always takes at
+    least one row, so a lower budget trades refill speed for steadier decode latency."""
     decode_steps_per_call: int = 8
     """Decode steps fused into one jitted call (an on-device loop with on-device stop checks).
 
@@ -103,34 +101,6 @@ class EngineConfig:
         return (*out, self.prefill_rows)
 
     @property
-    def packed_width(self) -> int:
-        """Tokens in a row of a packed prefill call: two chunks, so that chunks up to a whole
-        prefill_chunk still pack (a row as wide as the chunk held one chunk of more than half
-        of it, and little else: 32 prompts of 16..64 tokens filled 22-26 rows of 64)."""
-        return 2 * self.prefill_chunk
-
-    @property
-    def packed_row_buckets(self) -> tuple[int, ...]:
-        """Row counts packed prefill compiles for: 1, 2, 3, 4, 6, 8, 12, ... (powers of two
-        and 1.5x them) up to the rows the token budget holds (at most prefill_rows); none
-        when it holds no row. Finer than the row buckets: a
-        packed call's rows are all real tokens but the last, so a power-of-two bucket would
-        pad up to half of the call (22 rows of 32 fresh prompts ran as 32)."""
-        most = min(self.prefill_rows, self.token_budget // self.packed_width)
-        if most < 1:  # the budget holds no packed row: fresh prompts take the per-row path
-            return ()
-        out, r = [], 1
-        while r < most:
-            out.append(r)
-            if r >= 2 and r + r // 2 < most:
-                out.append(r + r // 2)
-            r *= 2
-        return (*out, most)
-
-    def packed_row_bucket(self, rows: int) -> int:
-        return next(b for b in self.packed_row_buckets if b >= rows)
-
-    @property
     def token_budget(self) -> int:
         """Bucketed tokens (rows x chunk) one prefill call may take."""
         return self.prefill_token_budget or self.prefill_rows * self.prefill_chunk
@@ -145,23 +115,6 @@ class EngineConfig:
             out.append(b)
             b *= 2
         return (*out, self.max_seq_len)
-
-    @property
-    def decode_spans(self) -> tuple[int, ...]:
-        """Attention spans decode compiles for: four per octave from min_attend_bucket (b,
-        1.25b, 1.5b, 1.75b, 2b, ...) below max_seq_len, then max_seq_len. Finer than
-        `attend_buckets`: decode reads the span every step (at 32 slots of the tiny model a
-        step over 288 positions cost 1.9 ms against 1.2 over 128), and a continuous batch
-        keeps one long sequence active nearly all the time."""
-        out, b = [], self.min_attend_bucket
-        while b < self.max_seq_len:
-            out += [s for s in (b, b + b // 4, b + b // 2, b + 3 * b // 4) if s < self.max_seq_len]
-            b *= 2
-        return tuple(sorted(set(out))) + (self.max_seq_len,)
-
-    def decode_span(self, length: int) -> int:
-        """The shortest decode span covering positions [0, length)."""
-        return next((b for b in self.decode_spans if b >= length), self.max_seq_len)
 
     def attend_bucket(self, length: int) -> int:
         """The shortest attention span covering positions [0, length)."""

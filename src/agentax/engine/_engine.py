@@ -9,9 +9,8 @@ The engine is three pieces:
 
 Callers talk to the step thread only through a lock-protected inbox; it answers by resolving
 asyncio futures on the caller's loop with `call_soon_threadsafe`. Nothing blocks an event
-loop. One iteration of the step thread: drain the inbox, apply staged weights, admit, run a
-packed prefill call of fresh prompts and a per-row one of the rest (each if needed), run one
-decode call (`decode_steps_per_call` fused steps).
+loop. One iteration of the step thread: drain the inbox, apply staged weights, admit, run one
+prefill call, run one decode call (`decode_steps_per_call` fused steps).
 """
 
 from __future__ import annotations
@@ -399,21 +398,16 @@ class Engine:
                 sched.release(item)
 
     def _prefill(self) -> bool:
-        """A packed call of fresh prompts, then a per-row call of the others (continued or
-        chunked prompts, which read the cache); each only if something waits for it."""
-        worked = False
-        for packed in (True, False):
-            plan = self._sched.plan_prefill(packed=packed)
-            if plan is None:
-                continue
-            with self._telemetry.span("PREFILL", tokens=plan.num_tokens, rows=len(plan.rows),
-                                      bucket=plan.tokens_rc.shape[1]):
-                token, logprob = self._runner.prefill(plan)
-            if self._sched.prefill_needs_sample(plan):
-                token, logprob = jax.device_get((token, logprob))
-            self._sched.finish_prefill(plan, token, logprob, self._version)
-            worked = True
-        return worked
+        plan = self._sched.plan_prefill()
+        if plan is None:
+            return False
+        with self._telemetry.span("PREFILL", tokens=plan.num_tokens, rows=len(plan.rows),
+                                  bucket=plan.tokens_rc.shape[1]):
+            token, logprob = self._runner.prefill(plan)
+        if self._sched.prefill_needs_sample(plan):
+            token, logprob = jax.device_get((token, logprob))
+        self._sched.finish_prefill(plan, token, logprob, self._version)
+        return True
 
     def _decode(self) -> bool:
         plan = self._sched.plan_decode()

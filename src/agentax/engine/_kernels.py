@@ -19,7 +19,7 @@ from flax import nnx
 from agentax.engine._sampling import RowSampling, sample_tokens
 from agentax.models import KVCache
 
-__all__ = ["ModelDef", "prefill_chunk", "prefill_packed", "decode_steps", "compiled_count"]
+__all__ = ["ModelDef", "prefill_chunk", "decode_steps", "compiled_count"]
 
 
 class ModelDef:
@@ -79,41 +79,6 @@ def prefill_chunk(
     )
     sample_pos = jnp.take_along_axis(positions_rc, last_index_r[:, None], axis=1)[:, 0] + 1
     token, logprob = sample_tokens(logits_rv, sampling, sample_pos)
-    return token, logprob, cache
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def prefill_packed(
-    model_def,
-    weights,
-    cache: KVCache,
-    tokens_rp: jax.Array,
-    positions_rp: jax.Array,
-    segments_rp: jax.Array,
-    slots_rp: jax.Array,
-    sample_index_m: jax.Array,
-    sampling: RowSampling,
-):
-    """Feeds the first chunk of several fresh prompts packed into R rows of P tokens.
-
-    Args:
-      tokens_rp: [R, P] token ids; each row holds whole segments one after another.
-      positions_rp: [R, P] absolute positions (0.. within each segment); padding carries
-        max_seq_len (writes nothing).
-      segments_rp: [R, P] segment ids (0 = padding); a segment attends only within itself.
-      slots_rp: [R, P] the cache slot of each token's segment.
-      sample_index_m: [M] flat index (into R*P) of each segment's last token.
-      sampling: M rows of sampling parameters.
-
-    Returns:
-      (tokens [M] int32, logprobs [M] float32, new cache), sampled after each segment's last
-      token (meaningful when the segment is a whole prompt).
-    """
-    model = _merge(model_def, weights)
-    logits_mv, cache = model.forward_packed(
-        tokens_rp, positions_rp, segments_rp, slots_rp, cache, sample_index_m
-    )
-    token, logprob = sample_tokens(logits_mv, sampling, positions_rp.reshape(-1)[sample_index_m] + 1)
     return token, logprob, cache
 
 
@@ -198,5 +163,4 @@ def _merge(model_def: ModelDef, weights):
 
 def compiled_count() -> int:
     """Compilations held by the engine kernels' caches (shared by every engine in the process)."""
-    return int(prefill_chunk._cache_size() + prefill_packed._cache_size()
-               + decode_steps._cache_size())
+    return int(prefill_chunk._cache_size() + decode_steps._cache_size())

@@ -15,13 +15,7 @@ import numpy as np
 from flax import nnx
 
 from agentax.engine._config import EngineConfig
-from agentax.engine._kernels import (
-    ModelDef,
-    compiled_count,
-    decode_steps,
-    prefill_chunk,
-    prefill_packed,
-)
+from agentax.engine._kernels import ModelDef, compiled_count, decode_steps, prefill_chunk
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
 from agentax.models import init_cache, kv_cache_bytes
@@ -104,14 +98,6 @@ class Runner:
     def prefill(self, plan: PrefillPlan):
         """Runs one prefill call; returns device arrays (tokens [R], logprobs [R])."""
         sampling = RowSampling(*(jnp.asarray(a) for a in plan.sampling_r))
-        if plan.segments_rc is not None:
-            token, logprob, self.cache = self._timed(
-                prefill_packed, self.model_def, self.weights, self.cache,
-                jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
-                jnp.asarray(plan.segments_rc), jnp.asarray(plan.slots_rc),
-                jnp.asarray(plan.last_r), sampling,
-            )
-            return token, logprob
         token, logprob, self.cache = self._timed(
             prefill_chunk, self.model_def, self.weights, self.cache,
             jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
@@ -137,11 +123,10 @@ class Runner:
         return jax.device_get((out_tok, out_lp, counts))
 
     def precompile(self) -> None:
-        """Compiles decode at every attention span, prefill at every (row bucket, chunk
-        bucket, span that holds the chunk) and packed prefill at every packed row bucket, on
-        inputs that write nothing."""
+        """Compiles decode at every attention span and prefill at every (row bucket, chunk
+        bucket, span that holds the chunk), on inputs that write nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
-        for span in cfg.decode_spans:
+        for span in cfg.attend_buckets:
             state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
             ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
             sampling = RowSampling(ones, zeros, ones, jnp.zeros((s,), jnp.uint32))
@@ -160,14 +145,4 @@ class Runner:
                         jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
                         zeros, sampling, span,
                     )
-        m = cfg.prefill_rows
-        zeros_m, ones_m = jnp.zeros((m,), jnp.int32), jnp.ones((m,), jnp.float32)
-        sampling = RowSampling(ones_m, zeros_m, ones_m, jnp.zeros((m,), jnp.uint32))
-        for r in cfg.packed_row_buckets:
-            c = cfg.packed_width
-            zeros = jnp.zeros((r, c), jnp.int32)
-            *_, self.cache = self._timed(
-                prefill_packed, self.model_def, self.weights, self.cache, zeros,
-                jnp.full((r, c), t_max, jnp.int32), zeros, zeros, zeros_m, sampling,
-            )
         jax.block_until_ready(self.cache)

@@ -49,14 +49,8 @@ class PrefillPlan:
     sampling_r: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     """(temperature, top_k, top_p, seed) of each row."""
     attend_len: int
-    """Attention span: a bucket covering every position fed (0 for a packed call)."""
+    """Attention span: a bucket covering every position fed."""
     num_tokens: int
-    segments_rc: np.ndarray | None = None
-    """Packed call only: segment id of each token (0 = padding). Rows then hold several
-    fresh prompts each, `slots_rc` says whose each token is, and `slots_r`/`last_r`/
-    `sampling_r` have one entry per segment (`rows[i]` is segment i + 1), padded to
-    prefill_rows; `last_r` is then a flat index into the R x C tokens."""
-    slots_rc: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -232,23 +226,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
 
-    def plan_prefill(self, packed: bool = True) -> PrefillPlan | None:
-        """The next prefill call. A packed call (`_plan_packed`) when a fresh prompt waits
-        and `packed`; else the first other requests waiting for prefill (FIFO), one row each
+    def plan_prefill(self) -> PrefillPlan | None:
+        """The next prefill call: the first requests waiting for prefill (FIFO), one row each
         of at most `prefill_chunk` tokens, shaped (row bucket, chunk bucket of its longest
-        row) within the token budget. None when nothing (else) waits for prefill.
-
-        The engine runs a packed call and then a per-row one before each decode call, so
-        neither kind waits behind the other."""
-        pack = bool(self.config.packed_row_buckets)
-        if packed and pack and any(req.seq.cached == 0 for req in self.prefilling):
-            return self._plan_packed()
+        row) within the token budget. None when nothing waits for prefill."""
+        if not self.prefilling:
+            return None
         cfg = self.config
         rows: list[tuple[_Request, int]] = []
         chunk = 0
         for req in self.prefilling:
-            if pack and req.seq.cached == 0:
-                continue  # the next packed call takes it
             n = min(len(req.pending), cfg.prefill_chunk)
             c = max(chunk, cfg.chunk_bucket(n))
             if rows and cfg.row_bucket(len(rows) + 1) * c > cfg.token_budget:
@@ -257,8 +244,6 @@ class Scheduler:
             chunk = c
             if len(rows) == cfg.prefill_rows:
                 break
-        if not rows:
-            return None
         r, t_max = cfg.row_bucket(len(rows)), cfg.max_seq_len
         tokens = np.zeros((r, chunk), np.int32)
         positions = np.full((r, chunk), t_max, np.int32)  # padding writes nothing
@@ -277,56 +262,6 @@ class Scheduler:
             rows=rows, tokens_rc=tokens, positions_rc=positions, slots_r=slots, last_r=last,
             sampling_r=sampling, attend_len=cfg.attend_bucket(end),
             num_tokens=sum(n for _, n in rows),
-        )
-
-    def _plan_packed(self) -> PrefillPlan:
-        """A packed call: the first chunk of each fresh prompt waiting (FIFO), packed
-        first-fit into rows of `packed_width` tokens, as many rows as the token budget allows
-        (a packed row bucket). A fresh prompt attends only to itself, so its chunk needs no row of
-        its own: one row per prompt padded ~40 % of the tokens of prompts of 16..64 tokens."""
-        cfg = self.config
-        width, t_max = cfg.packed_width, cfg.max_seq_len
-        max_rows = cfg.packed_row_buckets[-1]
-        fills: list[int] = []
-        rows: list[tuple[_Request, int]] = []
-        starts: list[tuple[int, int]] = []
-        for req in self.prefilling:
-            if req.seq.cached:
-                continue
-            n = min(len(req.pending), cfg.prefill_chunk)
-            r = next((i for i, used in enumerate(fills) if used + n <= width), None)
-            if r is None:
-                if len(fills) == max_rows:
-                    break
-                r = len(fills)
-                fills.append(0)
-            rows.append((req, n))
-            starts.append((r, fills[r]))
-            fills[r] += n
-            if len(rows) == cfg.prefill_rows:
-                break
-        # Every row is packed_width wide (one compiled width per row bucket): only a call of
-        # one row could be narrower, and such a call costs little anyway.
-        r_pad, c_pad, m = cfg.packed_row_bucket(len(fills)), width, cfg.prefill_rows
-        tokens = np.zeros((r_pad, c_pad), np.int32)
-        positions = np.full((r_pad, c_pad), t_max, np.int32)  # padding writes nothing
-        segments = np.zeros((r_pad, c_pad), np.int32)
-        slots_rc = np.zeros((r_pad, c_pad), np.int32)
-        slots = np.zeros(m, np.int32)
-        last = np.zeros(m, np.int32)
-        for i, ((req, n), (r, start)) in enumerate(zip(rows, starts)):
-            cols = slice(start, start + n)
-            tokens[r, cols] = req.pending[:n]
-            positions[r, cols] = np.arange(n)
-            segments[r, cols] = i + 1
-            slots_rc[r, cols] = slots[i] = req.seq.slot
-            last[i] = r * c_pad + start + n - 1
-        sampling = (self.temperature[slots], self.top_k[slots], self.top_p[slots],
-                    self.seed[slots])
-        return PrefillPlan(
-            rows=rows, tokens_rc=tokens, positions_rc=positions, slots_r=slots, last_r=last,
-            sampling_r=sampling, attend_len=0, num_tokens=sum(n for _, n in rows),
-            segments_rc=segments, slots_rc=slots_rc,
         )
 
     def finish_prefill(self, plan: PrefillPlan, tokens_r=None, logprobs_r=None,
@@ -368,7 +303,7 @@ class Scheduler:
         # its own buffer, so the span need not cover the fused steps.
         end = int(self.pos[self.active].max())
         state = np.stack([self.tok, self.pos, self.active.astype(np.int32), self.remaining])
-        return DecodePlan(state_4s=state, attend_len=self.config.decode_span(end),
+        return DecodePlan(state_4s=state, attend_len=self.config.attend_bucket(end),
                           steps=steps, active=int(self.active.sum()))
 
     def finish_decode(self, plan: DecodePlan, tokens_sn: np.ndarray, logprobs_sn: np.ndarray,

@@ -185,38 +185,6 @@ class Attention(nnx.Module):
         out = cached_attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
 
-    def packed(self, x_rpd, positions_rp, allowed_rpp, k_cache, v_cache, slots_rp):
-        """Attention within packed fresh segments (no cache read); writes their K/V to the cache.
-
-        `slots_rp`/`positions_rp` say where each token's K/V go; a position >= the cache length
-        (padding) writes nothing."""
-        q, k, v = self.qkv(x_rpd, positions_rp)
-        r, p = positions_rp.shape
-        mask = allowed_rpp & self.window_mask(positions_rp[:, :, None], positions_rp[:, None, :])
-        out = attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
-        # [S, K, T_max, H] indexed at [slots, :, positions]: the update is [R, P, K, H].
-        k_cache = k_cache.at[slots_rp, :, positions_rp].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[slots_rp, :, positions_rp].set(v.astype(v_cache.dtype), mode="drop")
-        return self.o_proj(out.reshape(r, p, -1)), k_cache, v_cache
-
-    def packed_at(self, x_rpd, positions_rp, segment_ids_rp, k_cache, v_cache, slots_rp,
-                  index_m):
-        """`packed` for the last layer: every token's K/V are written, but attention runs only
-        for the M queries at `index_m` (flat indices into R*P); returns [M, 1, D]."""
-        q, k, v = self.qkv(x_rpd, positions_rp)
-        r, p = positions_rp.shape
-        k_cache = k_cache.at[slots_rp, :, positions_rp].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[slots_rp, :, positions_rp].set(v.astype(v_cache.dtype), mode="drop")
-        row_m = index_m // p
-        q_m = q.reshape(r * p, *q.shape[2:])[index_m][:, None]  # [M, 1, N, H]
-        pos_m = positions_rp.reshape(-1)[index_m]
-        seg_m = segment_ids_rp.reshape(-1)[index_m]
-        mask = (segment_ids_rp[row_m] == seg_m[:, None]) & self.window_mask(
-            pos_m[:, None], positions_rp[row_m])  # [M, P]
-        out = attention(q_m, k[row_m], v[row_m], mask[:, None, :], scale=self.scale,
-                        softcap=self.softcap)
-        return self.o_proj(out.reshape(index_m.shape[0], 1, -1)), k_cache, v_cache
-
     def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
                     attend_len):
         """Step `step` of a fused decode call; reads the cache, writes only `k_new`/`v_new`.
@@ -279,21 +247,6 @@ class Block(nnx.Module):
             self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len
         )
         return self._finish(x_btd, a), k_cache, v_cache
-
-    def packed(self, x_rpd, positions_rp, allowed_rpp, k_cache, v_cache, slots_rp):
-        a, k_cache, v_cache = self.attn.packed(
-            self.attn_norm(x_rpd), positions_rp, allowed_rpp, k_cache, v_cache, slots_rp
-        )
-        return self._finish(x_rpd, a), k_cache, v_cache
-
-    def packed_at(self, x_rpd, positions_rp, segment_ids_rp, k_cache, v_cache, slots_rp,
-                  index_m):
-        a, k_cache, v_cache = self.attn.packed_at(
-            self.attn_norm(x_rpd), positions_rp, segment_ids_rp, k_cache, v_cache, slots_rp,
-            index_m,
-        )
-        x_m1d = x_rpd.reshape(-1, x_rpd.shape[-1])[index_m][:, None]
-        return self._finish(x_m1d, a)[:, 0], k_cache, v_cache
 
     def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
                     attend_len):
@@ -423,51 +376,6 @@ class Transformer(nnx.Module):
             new_v.append(v_cache)
         if logits_index_b is not None:
             x = jnp.take_along_axis(x, logits_index_b[:, None, None], axis=1)[:, 0]  # [B, D]
-        return self.logits(self.final_norm(x)), KVCache(tuple(new_k), tuple(new_v))
-
-    def forward_packed(
-        self,
-        tokens_rp: jax.Array,
-        positions_rp: jax.Array,
-        segment_ids_rp: jax.Array,
-        slot_ids_rp: jax.Array,
-        cache: KVCache,
-        logits_index_m: jax.Array,
-    ) -> tuple[jax.Array, KVCache]:
-        """Prefill of fresh prompts packed several to a row, against the KV cache.
-
-        A segment is the start of a sequence (its first token at position 0 of its slot), so it
-        attends only within itself and reads nothing from the cache; packing removes the
-        padding of one row per prompt (prompts of 16..64 tokens padded to 64 waste ~40 %).
-
-        Args:
-          tokens_rp: [R, P] token ids.
-          positions_rp: [R, P] absolute positions; padding carries >= cache.max_seq_len.
-          segment_ids_rp: [R, P] segment of each token (0 = padding); tokens attend only
-            within their segment.
-          slot_ids_rp: [R, P] the cache slot each token's K/V go to.
-          cache: the KV cache.
-          logits_index_m: [M] indices into the flattened R*P tokens where logits are taken.
-
-        Returns:
-          (logits [M, V] float32, new cache).
-        """
-        seg = segment_ids_rp
-        allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)  # [R, P, P]
-        x = self.embed_tokens(tokens_rp)
-        new_k, new_v = [], []
-        last = len(self.layers) - 1
-        for i, (block, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
-            if i < last:
-                x, k_cache, v_cache = block.packed(
-                    x, positions_rp, allowed, k_cache, v_cache, slot_ids_rp
-                )
-            else:  # only the cache needs every token of the last layer: the rest runs at M
-                x, k_cache, v_cache = block.packed_at(
-                    x, positions_rp, seg, k_cache, v_cache, slot_ids_rp, logits_index_m
-                )  # [M, D]
-            new_k.append(k_cache)
-            new_v.append(v_cache)
         return self.logits(self.final_norm(x)), KVCache(tuple(new_k), tuple(new_v))
 
     def decode_step(
