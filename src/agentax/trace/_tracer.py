@@ -102,10 +102,13 @@ class Span:
                 pass
         if exc_type is not None:
             self.set_arg(ARG_ERROR, exc_type.__name__)
+        events = tracer._events  # `Tracer._record`, inlined (one call less per span)
+        if len(events) >= tracer._wake_at:
+            tracer._full()
         # A tuple, not the span object: the collector untracks tuples of plain values, so a
         # full buffer costs the cyclic GC nothing (a buffered object would be traversed).
-        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, self.args,
-                        self.flow_out, self.flow_in))
+        events.append((SPAN, self.start_ns, end_ns, self.track, self.name, self.args,
+                       self.flow_out, self.flow_in))
         return False
 
     def set_arg(self, key: str, value: Any) -> None:
@@ -155,12 +158,21 @@ class Tracer:
             f"agentax_trace_track_{id(self)}", default=None)
         self._tls = threading.local()
         self._writer = self._last_writer = None
+        self._wake_at = capacity  # buffered events that wake the writer (set by `start`)
 
     def _record(self, event: tuple) -> None:
         events = self._events
-        if len(events) >= self.capacity:
-            self._dropped += 1
+        if len(events) >= self._wake_at:
+            self._full()
         events.append(event)
+
+    def _full(self) -> None:
+        """The buffer reached `_wake_at`: wake the writer (if any); count a drop if full."""
+        if len(self._events) >= self.capacity:
+            self._dropped += 1
+        writer = self._writer
+        if writer is not None:
+            writer.wake()
 
     def _thread_track(self) -> ThreadTrack:
         try:
@@ -269,7 +281,7 @@ class Tracer:
         Returns:
           The path of the file written (the segment).
         """
-        from agentax.trace._writer import PerfettoWriter
+        from agentax.trace._writer import DRAIN_AT, PerfettoWriter
 
         if self._writer is not None:
             raise RuntimeError(f"tracer already writes to {self._writer.path}; call close() first")
@@ -280,6 +292,7 @@ class Tracer:
         self._last_values.clear()  # a new file starts every on_change counter with a sample
         self._writer = PerfettoWriter(self, path, flush_interval_s=flush_interval_s,
                                       process_name=process_name)
+        self._wake_at = min(self.capacity, DRAIN_AT)
         self.instant(HOST_INFO, track="process", args=_host_info())
         return self._writer.path
 
@@ -291,6 +304,7 @@ class Tracer:
     def close(self) -> None:
         """Flush, stop the writer and close the file (recording continues into the buffer)."""
         writer, self._writer = self._writer, None
+        self._wake_at = self.capacity
         if writer is not None:
             writer.stop()
             self._last_writer = writer

@@ -34,6 +34,7 @@ _MAX_ROOTS = 512  # top-level spans remembered per lane (bounds the writer's mem
 _MAX_TRACKS = 4096  # tracks whose lanes are remembered (least recently used forgotten)
 _CHUNK = 64  # events encoded between two GIL hand-overs (~0.2 ms of encoding)
 _PAUSE_S = 1e-4  # the background drain's pause between chunks
+DRAIN_AT = _CHUNK  # buffered events that wake the writer before its interval is up
 
 
 def segment_path(path: str, index: int) -> str:
@@ -188,8 +189,9 @@ def _close_at_exit() -> None:
 
 class PerfettoWriter:
     """A daemon thread that drains a tracer into the first free segment of `path` every
-    `flush_interval_s`. Stopped at interpreter exit (the tail is written); a forked child never
-    writes."""
+    `flush_interval_s`, or sooner once `DRAIN_AT` events wait: encoding in the background
+    overlaps the run's waits, while what is left at `stop` is encoded on the caller's critical
+    path. Stopped at interpreter exit (the tail is written); a forked child never writes."""
 
     def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
                  process_name: str = "agentax") -> None:
@@ -201,15 +203,24 @@ class PerfettoWriter:
         self._tracer, self._interval = tracer, flush_interval_s
         self._encoder = PacketEncoder(process_name)
         self.events_written = self.bytes_written = self.cpu_ns = 0
-        self._owner, self._closed = os.getpid(), False
-        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._owner, self._closed, self._stopping = os.getpid(), False, False
+        self._lock, self._wake = threading.Lock(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentax-trace-writer",
                                         daemon=True)
         _OPEN.add(self)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Drain now rather than at the end of the interval (from any thread; cheap if set)."""
+        if not self._wake.is_set():
+            self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stopping:
+                return
             try:
                 self.drain(pause_s=_PAUSE_S)
             except Exception as err:  # never kill the run for a trace; say so once
@@ -226,14 +237,14 @@ class PerfettoWriter:
             if self._closed or os.getpid() != self._owner:
                 return
             cpu = time.thread_time_ns()
-            for _ in range(-(-len(self._tracer._events) // _CHUNK)):
+            for chunk in range(-(-len(self._tracer._events) // _CHUNK)):
+                if chunk and pause_s:  # not when closing: sleep(0) would still hand the GIL over
+                    time.sleep(pause_s)
                 batch = self._tracer.take_events(_CHUNK)
                 data = self._encoder.encode(batch)
                 self._file.write(data)
                 self.events_written += len(batch)
                 self.bytes_written += len(data)
-                if pause_s:  # not when closing: sleep(0) would still hand the GIL over
-                    time.sleep(pause_s)
             self._file.flush()
             self.cpu_ns += time.thread_time_ns() - cpu
 
@@ -241,7 +252,8 @@ class PerfettoWriter:
         """Write what is buffered, stop the thread and close the file (idempotent)."""
         if os.getpid() != self._owner:
             return
-        self._stop.set()
+        self._stopping = True
+        self._wake.set()
         self._thread.join()
         self.drain()
         with self._lock:
