@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import types
 
 import numpy as np
@@ -185,3 +186,22 @@ def test_idle_tracks_are_forgotten_and_described_anew(tmp_path, monkeypatch):
     spans = read_trace(path).spans
     assert [(s.track, s.name, s.depth) for s in spans] == [
         (track, name, depth) for track in order for name, depth in (("parent", 0), ("child", 1))]
+
+
+def test_a_full_drain_batch_wakes_the_writer_before_its_interval(tmp_path):
+    """`DRAIN_AT` buffered events are written in the background without waiting for the flush
+    interval (an hour here) or `close`, so little is left for `close` to encode."""
+    from agentax.trace._writer import DRAIN_AT
+
+    tracer = Tracer()
+    tracer.start(tmp_path, flush_interval_s=3600)
+    for i in range(DRAIN_AT + 10):
+        with tracer.span(names.ENV_STEP, args={"turn": i}):
+            pass
+    deadline = time.monotonic() + 30  # a bound on the wait, not a timing assertion
+    while tracer.stats()["written"] < DRAIN_AT and time.monotonic() < deadline:
+        time.sleep(0.01)
+    written = tracer.stats()["written"]
+    tracer.close()
+    assert written >= DRAIN_AT  # host info + the spans, before close
+    assert len(read_trace(tmp_path).spans_named(names.ENV_STEP)) == DRAIN_AT + 10

@@ -23,11 +23,6 @@ def length(intervals: Iterable[tuple[int, int]]) -> int:
     return sum(e - s for s, e in merge(intervals))
 
 
-def difference_length(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> int:
-    """Length of (union a) minus (union b)."""
-    return length(list(a) + list(b)) - length(b)
-
-
 def binned_concurrency(intervals: Sequence[tuple[int, int]], t0: int, bin_ns: int,
                        bins: int) -> np.ndarray:
     """Average number of active intervals in each of `bins` bins starting at `t0`."""

@@ -3,15 +3,12 @@
 Recording is one `deque.append` of a small tuple (atomic under the GIL, no lock, no I/O); a
 background thread (`agentax.trace._writer`) drains the buffer into a Perfetto trace file.
 Without a writer the buffer is a flight recorder: it keeps the newest `capacity` events.
-
 The current track lives in a `ContextVar`, so a span opened on `episode/17` inside a coroutine
 makes every span nested under it (across `await`, and in tasks created inside it) land on the
 same track, while other coroutines on the same thread keep their own tracks.
-
 JAX dispatch is asynchronous, so a span around a jitted call measures only the dispatch; a
 `DeviceSpan` ends when the caller blocks on the result at the edge it chooses (once per train
-step, not per op). For an XLA-level profile run `jax.profiler.start_trace/stop_trace` around the
-steps you want: both use the monotonic clock, so the timestamps line up.
+step). For an XLA-level profile use `jax.profiler.start_trace/stop_trace` (same clock).
 """
 
 from __future__ import annotations
@@ -102,13 +99,10 @@ class Span:
                 pass
         if exc_type is not None:
             self.set_arg(ARG_ERROR, exc_type.__name__)
-        events = tracer._events  # `Tracer._record`, inlined (one call less per span)
-        if len(events) >= tracer._wake_at:
-            tracer._full()
         # A tuple, not the span object: the collector untracks tuples of plain values, so a
         # full buffer costs the cyclic GC nothing (a buffered object would be traversed).
-        events.append((SPAN, self.start_ns, end_ns, self.track, self.name, self.args,
-                       self.flow_out, self.flow_in))
+        tracer._record((SPAN, self.start_ns, end_ns, self.track, self.name, self.args,
+                        self.flow_out, self.flow_in))
         return False
 
     def set_arg(self, key: str, value: Any) -> None:
@@ -151,14 +145,13 @@ class Tracer:
             raise ValueError(f"Tracer capacity must be >= 1, got {capacity}")
         self.enabled, self.capacity, self._clock = enabled, capacity, clock
         self._events: deque = deque(maxlen=capacity)
-        self._dropped = 0
+        self._dropped, self._wake_at = 0, capacity  # _wake_at: events that wake the writer
         self._flow_ids = itertools.count(1)
         self._last_values: dict[str, float] = {}  # counter name -> last sample (on_change)
         self._current_track: contextvars.ContextVar = contextvars.ContextVar(
             f"agentax_trace_track_{id(self)}", default=None)
         self._tls = threading.local()
         self._writer = self._last_writer = None
-        self._wake_at = capacity  # buffered events that wake the writer (set by `start`)
 
     def _record(self, event: tuple) -> None:
         events = self._events
@@ -166,13 +159,12 @@ class Tracer:
             self._full()
         events.append(event)
 
-    def _full(self) -> None:
-        """The buffer reached `_wake_at`: wake the writer (if any); count a drop if full."""
+    def _full(self) -> None:  # the buffer holds `_wake_at` events: wake the writer, count drops
         if len(self._events) >= self.capacity:
             self._dropped += 1
         writer = self._writer
-        if writer is not None:
-            writer.wake()
+        if writer is not None and not writer._wake.is_set():
+            writer._wake.set()
 
     def _thread_track(self) -> ThreadTrack:
         try:
@@ -303,8 +295,7 @@ class Tracer:
 
     def close(self) -> None:
         """Flush, stop the writer and close the file (recording continues into the buffer)."""
-        writer, self._writer = self._writer, None
-        self._wake_at = self.capacity
+        writer, self._writer, self._wake_at = self._writer, None, self.capacity
         if writer is not None:
             writer.stop()
             self._last_writer = writer
@@ -331,9 +322,8 @@ class Tracer:
 
 
 def _host_info() -> dict:
-    """What the doctor needs to know about the machine: the CPU cores this process may use and,
-    if the program uses JAX, its backend and device count (whether engine and trainer can
-    share cores)."""
+    """What the doctor needs to know: the CPU cores this process may use and, if the program
+    uses JAX, its backend and device count (whether engine and trainer can share cores)."""
     info = {"cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 0}
     jax = sys.modules.get("jax")  # never imported here: a program without JAX has no backend

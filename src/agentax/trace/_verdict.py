@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from agentax.trace import names
-from agentax.trace._intervals import difference_length, length
+from agentax.trace._intervals import length
 
 
 def _nice(x: float) -> int:
@@ -57,10 +57,10 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     """(bottleneck, verdict, suggestion) from the report fields."""
     busy = fields["trainer_busy_fraction"]
     wait = fields["trainer_wait_fraction"]
-    stall = length(by_name.get(names.STALENESS_WAIT, [])) / wall
+    stalls, episodes = by_name.get(names.STALENESS_WAIT, []), by_name.get(names.EPISODE, [])
+    stall = length(stalls) / wall
     # A staleness stall costs throughput only while no rollout work is left in flight.
-    stall_idle = difference_length(by_name.get(names.STALENESS_WAIT, []),
-                                   by_name.get(names.EPISODE, [])) / wall
+    stall_idle = (length(stalls + episodes) - length(episodes)) / wall
     blocked = length(by_name.get(names.PRODUCER_BLOCKED, [])) / wall
     shares = fields["episode_time_shares"]
     env_share = sum(shares.get(k, 0.0) for k in ("env", "tool", "reward"))

@@ -1,14 +1,12 @@
 """The trace writer: a background thread that appends the tracer's events to a Perfetto file.
 
-Every drain appends `Trace` messages of new packets built with perfetto's generated protos
-(concatenated `Trace` messages are one valid trace), so writing costs the same at hour ten as
-at minute one and a killed run leaves a readable file. Names are written in full (no interning:
-no incremental state to keep, ~20% more bytes, slightly less CPU); a track is described when
-first used. Spans arrive when they end (children before parents); spans of one track that do
-not nest (coroutines sharing a thread's track) go to lane tracks under it (``"T [1]"``), so the
-file never holds a malformed slice stack. An existing file is never truncated: the writer takes
-the next free segment (`segment_path`); track uuids are random per segment, so segments can
-also be concatenated.
+Every drain appends `Trace` messages built with perfetto's generated protos (concatenated ones
+are one valid trace), so writing costs the same at hour ten as at minute one and a killed run
+leaves a readable file. Names are written in full (no interning, no incremental state); a track
+is described when first used. Spans arrive when they end (children first); spans of one track
+that do not nest (coroutines sharing a thread's track) go to lane tracks under it ("T [1]"), so
+the file never holds a malformed slice stack. An existing file is never truncated: the writer
+takes the next free segment (`segment_path`); track uuids are random per segment.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ _MAX_ROOTS = 512  # top-level spans remembered per lane (bounds the writer's mem
 _MAX_TRACKS = 4096  # tracks whose lanes are remembered (least recently used forgotten)
 _CHUNK = 64  # events encoded between two GIL hand-overs (~0.2 ms of encoding)
 _PAUSE_S = 1e-4  # the background drain's pause between chunks
-DRAIN_AT = _CHUNK  # buffered events that wake the writer before its interval is up
+DRAIN_AT = 128  # buffered events that wake the writer before its interval is up (64: more CPU)
 
 
 def segment_path(path: str, index: int) -> str:
@@ -128,8 +126,7 @@ class PacketEncoder:
         return uuid
 
     def _lane(self, track: Any, start: int, end: int) -> tuple[int, int]:
-        # An episode track is used for one episode: forgetting idle ones keeps the writer's
-        # memory (and the cyclic GC's work) flat over a long run.
+        # An episode track is used once: forgetting idle ones keeps memory flat over a long run.
         lanes = self._lanes.pop(track, None) or []
         self._lanes[track] = lanes
         if len(self._lanes) > _MAX_TRACKS:  # used again later, it is described anew
@@ -189,9 +186,9 @@ def _close_at_exit() -> None:
 
 class PerfettoWriter:
     """A daemon thread that drains a tracer into the first free segment of `path` every
-    `flush_interval_s`, or sooner once `DRAIN_AT` events wait: encoding in the background
-    overlaps the run's waits, while what is left at `stop` is encoded on the caller's critical
-    path. Stopped at interpreter exit (the tail is written); a forked child never writes."""
+    `flush_interval_s`, or once `DRAIN_AT` events wait (encoding in the background overlaps
+    the run's waits; what `stop` finds is encoded on the caller's critical path). Stopped at
+    interpreter exit (the tail is written); a forked child never writes."""
 
     def __init__(self, tracer, path: str, *, flush_interval_s: float = 0.2,
                  process_name: str = "agentax") -> None:
@@ -199,8 +196,7 @@ class PerfettoWriter:
         while os.path.exists(segment_path(path, index)):
             index += 1
         self.path = segment_path(path, index)
-        # Never truncates (two writers at once: one fails); unbuffered: one write per drain.
-        self._file = open(self.path, "xb", buffering=0)
+        self._file = open(self.path, "xb", buffering=0)  # never truncates; a write per drain
         self._tracer, self._interval = tracer, flush_interval_s
         self._encoder = PacketEncoder(process_name)
         self.events_written = self.bytes_written = self.cpu_ns = 0
@@ -211,17 +207,10 @@ class PerfettoWriter:
         _OPEN.add(self)
         self._thread.start()
 
-    def wake(self) -> None:
-        """Drain now rather than at the end of the interval (from any thread; cheap if set)."""
-        if not self._wake.is_set():
-            self._wake.set()
-
     def _run(self) -> None:
-        while True:
+        while not self._stopping:  # woken by the interval, `Tracer._full` or `stop`
             self._wake.wait(self._interval)
             self._wake.clear()
-            if self._stopping:
-                return
             try:
                 self.drain(pause_s=_PAUSE_S)
             except Exception as err:  # never kill the run for a trace; say so once
@@ -231,9 +220,8 @@ class PerfettoWriter:
 
     def drain(self, pause_s: float = 0.0) -> None:
         """Write everything buffered now, `_CHUNK` events at a time with a `pause_s` sleep
-        between chunks (the background drain's): a thread waiting for the GIL (the engine's,
-        the event loop) gets it within a chunk, not after the drain or the 5 ms switch
-        interval (`sleep(0)` often takes the GIL straight back before the waiter wakes)."""
+        between chunks, so a thread waiting for the GIL gets it within a chunk, not after the
+        drain or the 5 ms switch interval (`sleep(0)` often takes the GIL straight back)."""
         with self._lock:
             if self._closed or os.getpid() != self._owner:
                 return
@@ -244,9 +232,7 @@ class PerfettoWriter:
                 batch = self._tracer.take_events(_CHUNK)
                 parts.append(self._encoder.encode(batch))
                 self.events_written += len(batch)
-            # One system call (each is a GIL hand-over); whole `Trace` messages, so a killed
-            # run's file ends at a packet boundary or mid-packet (the reader skips that tail).
-            data = memoryview(b"".join(parts))
+            data = memoryview(b"".join(parts))  # one system call (a GIL hand-over)
             self.bytes_written += len(data)
             while data:
                 data = data[self._file.write(data):]
