@@ -30,10 +30,11 @@ def request(ids, params=None, sequence_id=None, eos=()):
 def prefill_all(sched, token=7):
     """Runs prefill plans until none is left, sampling `token` after every prompt."""
     plans = []
-    while (plan := sched.plan_prefill()) is not None:
-        r = len(plan.slots_r)
-        sched.finish_prefill(plan, np.full(r, token), np.zeros(r), version=0)
-        plans.append(plan)
+    while iteration := sched.plan_prefill():
+        for plan in iteration:
+            r = len(plan.slots_r)
+            sched.finish_prefill(plan, np.full(r, token), np.zeros(r), version=0)
+        plans += iteration
     return plans
 
 
@@ -55,7 +56,7 @@ def test_fifo_admission_fills_free_slots_then_waits():
     sched.admit()
     assert [r.seq.slot for r in reqs[:3]] == [0, 1, 2]
     assert list(sched.waiting) == reqs[3:] and sched.slot_counts() == (3, 0, 0)
-    plan = sched.plan_prefill()
+    [plan] = sched.plan_prefill()
     # One call, one row per request, padded to the row and chunk buckets.
     assert plan.tokens_rc.shape == (3, 8) and plan.num_tokens == 2 + 3 + 4
     assert plan.positions_rc[0, 2:].tolist() == [CFG.max_seq_len] * 6  # padding writes nothing
@@ -79,6 +80,27 @@ def test_long_prompts_are_chunked_within_the_token_budget():
     assert [p.attend_len for p in plans] == [128] * 4
     assert reqs[0].seq.cached == 100 and sched.active.tolist() == [True, True, False, False]
     assert sched.pos[0] == 100 and sched.tok[0] == 7  # sampled token pending at position 100
+
+
+def test_rows_that_would_pad_a_quarter_of_a_call_split_into_filled_calls():
+    cfg = EngineConfig(max_slots=32, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8)
+    sched = Scheduler(cfg)
+    lengths = [20, 5, 30, 7, 12, 25, 9, 31, 6]  # 9 rows: 16 would be 7 of padding
+    for n in lengths:
+        sched.accept(request([1] * n))
+    sched.admit()
+    plans = sched.plan_prefill()
+    # 8 + 1 rows; the shortest prompt alone gets the short chunk.
+    assert [p.tokens_rc.shape for p in plans] == [(8, 32), (1, 8)]
+    assert sorted(req.ids.size for p in plans for req, _ in p.rows) == sorted(lengths)
+    for p in plans:
+        sched.finish_prefill(p, np.full(len(p.slots_r), 7), np.zeros(len(p.slots_r)))
+    assert sched.active.sum() == 9 and not sched.prefilling
+    # Less than a quarter of padding stays one call; each group is a row bucket.
+    from agentax.engine._scheduler import _row_groups
+    buckets = cfg.prefill_row_buckets
+    assert [_row_groups(n, buckets) for n in (2, 3, 5, 6, 7, 12, 13, 24, 25)] == [
+        [2], [2, 1], [4, 1], [4, 2], [7], [8, 4], [13], [16, 8], [25]]
 
 
 def test_decode_plan_span_covers_the_positions_before_the_longest_sequence():
