@@ -59,8 +59,10 @@ def test_fifo_admission_fills_free_slots_then_waits():
     [plan] = sched.plan_prefill()
     # One call, one row per request, padded to the row and chunk buckets.
     assert plan.tokens_rc.shape == (3, 8) and plan.num_tokens == 2 + 3 + 4
-    assert plan.positions_rc[0, 2:].tolist() == [CFG.max_seq_len] * 6  # padding writes nothing
-    assert plan.positions_rc[2, :4].tolist() == [0, 1, 2, 3] and plan.last_r[:3].tolist() == [1, 2, 3]
+    # Right-aligned (each prompt's last token in the last column); padding writes nothing.
+    assert plan.positions_rc[0, :6].tolist() == [CFG.max_seq_len] * 6
+    assert plan.positions_rc[2, 4:].tolist() == [0, 1, 2, 3]
+    assert plan.tokens_rc[1, 5:].tolist() == [2, 2, 2]
     assert plan.attend_len == 64
 
 

@@ -43,10 +43,10 @@ class PrefillPlan:
     """The real rows: each request and how many of its pending tokens this call feeds."""
     tokens_rc: np.ndarray
     positions_rc: np.ndarray
-    """Absolute positions; padding carries max_seq_len (writes nothing)."""
+    """Absolute positions; padding carries max_seq_len (writes nothing). Rows are
+    right-aligned: each row's last token (after which its next one is sampled) is in the
+    last column."""
     slots_r: np.ndarray
-    last_r: np.ndarray
-    """Index of each row's last real token (where its next token is sampled)."""
     sampling_r: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     """(temperature, top_k, top_p, seed) of each row."""
     attend_len: int
@@ -276,18 +276,17 @@ class Scheduler:
         tokens = np.zeros((r, chunk), np.int32)
         positions = np.full((r, chunk), t_max, np.int32)  # padding writes nothing
         slots = np.zeros(r, np.int32)
-        last = np.zeros(r, np.int32)
         end = 1
         for i, (req, n) in enumerate(rows):
             seq = req.seq
-            tokens[i, :n] = req.pending[:n]
-            positions[i, :n] = np.arange(seq.cached, seq.cached + n)
-            slots[i], last[i] = seq.slot, n - 1
+            tokens[i, chunk - n:] = req.pending[:n]
+            positions[i, chunk - n:] = np.arange(seq.cached, seq.cached + n)
+            slots[i] = seq.slot
             end = max(end, seq.cached + n)
         sampling = (self.temperature[slots], self.top_k[slots], self.top_p[slots],
                     self.seed[slots])
         return PrefillPlan(
-            rows=rows, tokens_rc=tokens, positions_rc=positions, slots_r=slots, last_r=last,
+            rows=rows, tokens_rc=tokens, positions_rc=positions, slots_r=slots,
             sampling_r=sampling, attend_len=cfg.attend_bucket(end),
             num_tokens=sum(n for _, n in rows),
         )
