@@ -59,9 +59,11 @@ def test_fifo_admission_fills_free_slots_then_waits():
     [plan] = sched.plan_prefill()
     # One call, one row per request, padded to the row and chunk buckets.
     assert plan.tokens_rc.shape == (3, 8) and plan.num_tokens == 2 + 3 + 4
-    # Right-aligned (each prompt's last token in the last column); padding writes nothing.
-    assert plan.positions_rc[0, :6].tolist() == [CFG.max_seq_len] * 6
-    assert plan.positions_rc[2, 4:].tolist() == [0, 1, 2, 3]
+    # Longest first, right-aligned (each prompt's last token in the last column); padding
+    # writes nothing.
+    assert [req for req, _ in plan.rows] == reqs[2::-1]
+    assert plan.positions_rc[2, :6].tolist() == [CFG.max_seq_len] * 6
+    assert plan.positions_rc[0, 4:].tolist() == [0, 1, 2, 3]
     assert plan.tokens_rc[1, 5:].tolist() == [2, 2, 2]
     assert plan.attend_len == 64
 
@@ -84,25 +86,26 @@ def test_long_prompts_are_chunked_within_the_token_budget():
     assert sched.pos[0] == 100 and sched.tok[0] == 7  # sampled token pending at position 100
 
 
-def test_rows_that_would_pad_a_quarter_of_a_call_split_into_filled_calls():
+def test_prefill_rows_go_to_the_calls_that_pad_least():
     cfg = EngineConfig(max_slots=32, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8)
     sched = Scheduler(cfg)
-    lengths = [20, 5, 30, 7, 12, 25, 9, 31, 6]  # 9 rows: 16 would be 7 of padding
+    lengths = [20, 5, 30, 7, 12, 25, 9, 31, 6]  # 9 rows: one call of 16 x 32 would pad 7 rows
     for n in lengths:
         sched.accept(request([1] * n))
     sched.admit()
     plans = sched.plan_prefill()
-    # 8 + 1 rows; the shortest prompt alone gets the short chunk.
-    assert [p.tokens_rc.shape for p in plans] == [(8, 32), (1, 8)]
-    assert sorted(req.ids.size for p in plans for req, _ in p.rows) == sorted(lengths)
+    # Rows of up to 32, 16 and 8 tokens: 128 + 32 + 32 padded tokens and 3 x 32 per call
+    # (288) against 16 x 32 + 32 (544) as one call.
+    assert [p.tokens_rc.shape for p in plans] == [(4, 32), (2, 16), (4, 8)]
+    assert [sorted(req.ids.size for req, _ in p.rows) for p in plans] == [
+        [20, 25, 30, 31], [9, 12], [5, 6, 7]]
     for p in plans:
         sched.finish_prefill(p, np.full(len(p.slots_r), 7), np.zeros(len(p.slots_r)))
     assert sched.active.sum() == 9 and not sched.prefilling
-    # Less than a quarter of padding stays one call; each group is a row bucket.
-    from agentax.engine._scheduler import _row_groups
-    buckets = cfg.prefill_row_buckets
-    assert [_row_groups(n, buckets) for n in (2, 3, 5, 6, 7, 12, 13, 24, 25)] == [
-        [2], [2, 1], [4, 1], [4, 2], [7], [8, 4], [13], [16, 8], [25]]
+    from agentax.engine._scheduler import _prefill_groups
+    # Equal rows: one call unless padding costs more than the extra calls (a call = a row).
+    assert [_prefill_groups([32] * n, cfg) for n in (2, 3, 5, 6, 7, 9, 12, 24, 25)] == [
+        [2], [3], [4, 1], [4, 2], [7], [8, 1], [8, 4], [16, 8], [16, 8, 1]]
 
 
 def test_decode_plan_span_covers_the_positions_before_the_longest_sequence():

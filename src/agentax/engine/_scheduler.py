@@ -71,17 +71,31 @@ def _unresolved(req: _Request, *, result: Any = None, exc: BaseException | None 
     req.result, req.error = result, exc
 
 
-def _row_groups(rows: int, buckets: tuple[int, ...]) -> list[int]:
-    """Row counts of the prefill calls that feed `rows` rows: one call padded to its row
-    bucket, unless that pads a quarter of it or more; then the largest bucket the rows fill
-    and the rest likewise. On CPU a padding row costs as much as a real one and a call about
-    one row more (tiny model, 64-token rows: 3.4 / 5.8 / 10.0 / 17.3 / 30.2 ms for 2 / 4 / 8 /
-    16 / 32 rows), so 9 rows run as 8 + 1 (~11 row-costs) rather than 16 (~17)."""
-    bucket = next(b for b in buckets if b >= rows)
-    if 4 * (bucket - rows) < bucket:
-        return [rows]
-    fill = max(b for b in buckets if b <= rows)
-    return [fill, *_row_groups(rows - fill, buckets)]
+def _prefill_groups(lengths: list[int], config: EngineConfig) -> list[int]:
+    """Splits rows of `lengths` tokens (longest first) into consecutive prefill calls: the
+    sizes of the groups that minimise the padded tokens of all calls (each padded to its row
+    bucket and the chunk bucket of its longest row) plus `prefill_chunk` tokens per call.
+
+    On CPU a padding token costs as much as a real one and a call about one full row more
+    (tiny model, 64-token rows: 3.4 / 5.8 / 10.0 / 17.3 / 30.2 ms for 2 / 4 / 8 / 16 / 32
+    rows), so 9 rows run as 8 + 1 rather than 16, and 32 prompts of 16..64 tokens as a call
+    of 64-token rows and one of 32-token rows. Group sizes tried: row buckets, and the rest.
+    """
+    n = len(lengths)
+    best, size_at = [0] * (n + 1), [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        chunk = config.chunk_bucket(lengths[i])
+        best[i] = -1
+        for size in sorted({n - i, *(b for b in config.prefill_row_buckets if b < n - i)},
+                           reverse=True):  # on a tie, fewer calls
+            cost = config.row_bucket(size) * chunk + config.prefill_chunk + best[i + size]
+            if best[i] < 0 or cost < best[i]:
+                best[i], size_at[i] = cost, size
+    sizes, i = [], 0
+    while i < n:
+        sizes.append(size_at[i])
+        i += size_at[i]
+    return sizes
 
 
 class Scheduler:
@@ -243,9 +257,9 @@ class Scheduler:
     def plan_prefill(self) -> list[PrefillPlan]:
         """This iteration's prefill calls: the first requests waiting for prefill (FIFO), one
         row each of at most `prefill_chunk` tokens, within the token budget; empty when
-        nothing waits. The rows go to one call padded to its row bucket, or, when that would
-        pad a quarter of the call or more, to calls of row buckets they fill (9 rows: 8 + 1,
-        not 16), each padded to the chunk bucket of its longest row."""
+        nothing waits. The rows go to one call, or to several when that pads less
+        (`_prefill_groups`: 9 rows run as 8 + 1, not 16; short prompts share a call of
+        short rows)."""
         if not self.prefilling:
             return []
         cfg = self.config
@@ -260,9 +274,8 @@ class Scheduler:
             chunk = c
             if len(rows) == cfg.prefill_rows:
                 break
-        sizes = _row_groups(len(rows), cfg.prefill_row_buckets)
-        if len(sizes) > 1:  # the longest rows share the biggest call; short ones, short chunks
-            rows.sort(key=lambda row: -row[1])
+        rows.sort(key=lambda row: -row[1])  # one iteration's calls: their order is free
+        sizes = _prefill_groups([n for _, n in rows], cfg)
         plans, first = [], 0
         for size in sizes:
             plans.append(self._prefill_call(rows[first: first + size]))
