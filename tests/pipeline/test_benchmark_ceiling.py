@@ -26,7 +26,7 @@ def _sync_run(group_s: list[float], cost_s: float) -> dict:
     steps = len(walls)
     rollout = sum(w - (walls[k - 1] if k else 0.0) - cost_s for k, w in enumerate(walls))
     return {"step_wall_s": walls, "group_s": group_s, "groups_per_step": GPS,
-            "rollout_s": rollout / steps, "train_s": cost_s}
+            "max_running_groups": 10**6, "rollout_s": rollout / steps, "train_s": cost_s}
 
 
 @pytest.mark.parametrize("max_staleness", [1, 2, 3])
