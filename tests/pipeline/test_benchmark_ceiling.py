@@ -1,5 +1,6 @@
-"""benchmarks/pipeline.py: the tail ceiling (the gate's schedule replayed on a sync run's group
-times) and the paired episode latencies that both arms of a comparison share."""
+"""benchmarks/pipeline.py: the tail ceiling (the pipeline's schedule — gate and straggler rule —
+replayed in virtual time on a sync run's group times) and the paired episode latencies that
+both arms of a comparison share."""
 
 from __future__ import annotations
 
@@ -45,6 +46,25 @@ def test_a_straggler_costs_async_more_than_the_constant_ceiling_assumes():
     tail, flat = bench.tail_ceiling(sync, 2), bench.ceiling(sync, 2)
     assert 1.0 < tail < flat - 0.3
     assert bench.tail_ceiling(sync, 1) < bench.tail_ceiling(sync, 2)
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_replay_drops_only_a_straggler_past_the_limit_and_keeps_the_bound(max_staleness):
+    group_s = [1.0] * (40 * GPS)
+    group_s[60] = 3.0  # slow, but under 3.5 x the median: waited for
+    group_s[100] = 20.0  # a straggler: dropped once it has run 3.5 s, a fresh group takes its place
+    out = bench.replay_schedule(group_s, [0.1], max_staleness, GPS, max_running=10**6)
+    never = bench.replay_schedule(group_s, [0.1], max_staleness, GPS, max_running=10**6,
+                                  straggler_factor=None)
+    assert (out["dropped"], out["missed"], never["dropped"], never["missed"]) == (1, 0, 0, 0)
+    assert max(out["staleness"]) == max(never["staleness"]) == max_staleness
+    assert len(out["staleness"]) == len(out["step_ends"]) * GPS
+    assert 0 <= out["started"] - 1 - len(out["staleness"]) < GPS  # at the end: too few for a step
+    steps = len(never["step_ends"]) - 1  # the drop run has one group fewer to train
+    # Waiting 20 s for the straggler costs the never-drop schedule ~16 s more than dropping it.
+    assert never["step_ends"][steps - 1] - out["step_ends"][steps - 1] > 14.0
+    sync = _sync_run(group_s, 0.1)
+    assert bench.tail_ceiling(sync, max_staleness) > bench.tail_ceiling(sync, max_staleness, None)
 
 
 def test_episode_latencies_are_paired_by_start_order_and_lognormal():

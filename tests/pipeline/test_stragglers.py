@@ -9,6 +9,8 @@ with the real `Pipeline` driving sleep-only stand-ins (hypothesis); `StragglerLi
 from __future__ import annotations
 
 import asyncio
+import functools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,6 +19,11 @@ from hypothesis import strategies as st
 
 from agentax.envs import Environment
 from agentax.pipeline import Pipeline, PipelineConfig, StragglerLimit
+from agentax.pipeline import _pipeline
+
+# The default waits for 32 finished groups before any limit applies; these short runs have
+# fewer, so the limit applies after 8 (the rule is otherwise the default one).
+_EARLY_LIMIT = functools.partial(StragglerLimit, min_observed=8)
 from agentax.records import Observation, StepResult, Task, Trajectory, TrajectoryStatus
 
 HANG_S = 3600.0
@@ -48,11 +55,12 @@ class HangingEnv(Environment):
 def test_a_hung_group_is_dropped_as_stale_and_its_episodes_cancelled(make_parts):
     closed: list[str] = []
     parts = make_parts(env_factory=lambda: HangingEnv(closed))
-    hung = 10  # past StragglerLimit's first 8 observed groups, so a limit applies
+    hung = 10  # past the first 8 observed groups, so a limit applies
     tasks = lambda i: Task(id=f"t{i}", prompt="hang" if i == hung else f"Say {i}.")  # noqa: E731
     config = PipelineConfig(mode="async", max_staleness=1, group_size=3, groups_per_step=2,
                             max_concurrency=12, filters=(), stall_timeout_s=60)
-    result = Pipeline(parts.collector, parts.trainer, parts.engine, tasks, config).run(9)
+    with mock.patch.object(_pipeline, "StragglerLimit", _EARLY_LIMIT):
+        result = Pipeline(parts.collector, parts.trainer, parts.engine, tasks, config).run(9)
 
     assert len(result.steps) == 9
     trained = {g for rec in result.steps for g in rec.group_ids}
@@ -118,15 +126,25 @@ def test_no_trained_group_is_stale_and_hung_groups_never_stall_the_run(max_stale
     config = PipelineConfig(mode="async", max_staleness=max_staleness, group_size=2,
                             groups_per_step=gps, max_concurrency=32, filters=(),
                             stall_timeout_s=30)
-    result = Pipeline(_Collector(engine), _Trainer(), engine, tasks, config).run(12)
+    with mock.patch.object(_pipeline, "StragglerLimit", _EARLY_LIMIT):
+        result = Pipeline(_Collector(engine), _Trainer(), engine, tasks, config).run(12)
 
     assert len(result.steps) == 12
     assert all(s <= max_staleness for rec in result.steps for s in rec.staleness)
     trained = {int(g[1:]) for rec in result.steps for g in rec.group_ids}
     assert not trained & hung  # the run finishing at all shows the blocking ones were dropped
-    # Which of the quick groups exceed 3 x the median depends on event-loop timing here; the
+    # Which of the quick groups exceed 3.5 x the median depends on event-loop timing here; the
     # rule's choices are checked in virtual time (tests/pipeline/test_benchmark_ceiling.py).
     assert result.accounting.trained == 12 * gps * 2
+
+
+def test_straggler_limit_defaults():
+    limit = StragglerLimit()
+    for _ in range(31):
+        limit.observe(1.0)
+    assert limit.limit_s() is None
+    limit.observe(1.0)
+    assert limit.limit_s() == pytest.approx(3.5)
 
 
 def test_straggler_limit_is_a_multiple_of_the_recent_median():

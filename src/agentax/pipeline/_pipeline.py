@@ -14,7 +14,7 @@ async mode (the point of agentax):
   deadline first, and steps as soon as it has `groups_per_step` of them. It waits for a
   straggler only when the straggler's deadline has come, so no admitted group goes stale; a
   group staler than `max_staleness` anyway is dropped and counted (a safety net). A straggler
-  that has run `STRAGGLER_FACTOR` x the median group time while complete groups could fill the
+  that has run `STRAGGLER_FACTOR` (3.5) x the median group time while complete groups could fill the
   step without it is cancelled and counted as `stale` instead (`StragglerLimit`).
 * New weights go to the engine between two decode steps, tagged with their version;
   in-flight episodes keep going.
@@ -401,6 +401,7 @@ class Pipeline:
         episodes = asyncio.Semaphore(cfg.max_concurrency)
         running: dict[asyncio.Task, _Running] = {}
         stragglers = StragglerLimit()
+        dropped: set[asyncio.Task] = set()  # cancelled stragglers still unwinding
 
         async def group_done(index: int, deadline: int, members: _Members) -> None:
             t0 = time.perf_counter()
@@ -448,7 +449,8 @@ class Pipeline:
                         if len(pool) + len(batch) >= cfg.groups_per_step:
                             # Complete groups could fill the step but a running group whose
                             # deadline has come blocks them: the earliest-deadline one.
-                            timeout = await self._drop_straggler(gate, running, stragglers)
+                            timeout = await self._drop_straggler(gate, running, stragglers,
+                                                                 dropped)
                             if timeout == 0.0:
                                 continue
                         item = await _next_group(ready, producer, timeout)
@@ -463,7 +465,7 @@ class Pipeline:
             producer.cancel()
             for task in list(running):
                 task.cancel()
-            await asyncio.wait({producer, *running}, timeout=self._cancel_grace_s())
+            await asyncio.wait({producer, *running, *dropped}, timeout=self._cancel_grace_s())
             while not ready.empty():
                 pool.append(ready.get_nowait())
             for _, group in pool:
@@ -471,7 +473,7 @@ class Pipeline:
         return steps
 
     async def _drop_straggler(self, gate: StalenessGate, running: dict[asyncio.Task, _Running],
-                              stragglers: StragglerLimit) -> float | None:
+                              stragglers: StragglerLimit, dropped: set[asyncio.Task]) -> float | None:
         """Called when complete groups could fill the step but a running group with an earlier
         deadline blocks them. Drops that group if it has run past the straggler limit (returns
         0.0); otherwise returns how long it may still run (None: no limit applies yet)."""
@@ -485,6 +487,8 @@ class Pipeline:
             return left
         task.cancel()
         running.pop(task, None)
+        dropped.add(task)
+        task.add_done_callback(dropped.discard)
         # Counted now, not when the cancellation lands: the trainer moves on without waiting
         # for the episodes to unwind (they release their engine slots and close their envs).
         members = victim.members
