@@ -13,7 +13,8 @@ than `max_staleness` versions); they differ in what they start and what they dro
                        come; never drops
   straggler xF         the gate, plus: a running group that blocks a step which complete
                        groups could fill is dropped once it has run F x the median recent
-                       group time (F = 3 is the pipeline's default)
+                       group time (`StragglerLimit`; F = STRAGGLER_FACTOR = 3.5 is the
+                       pipeline's default)
   spare +E             over-admission: E groups beyond the gate's capacity, trained earliest
                        deadline first while the others' deadlines allow; a group that misses
                        its deadline is dropped
@@ -23,7 +24,11 @@ than `max_staleness` versions); they differ in what they start and what they dro
   hole -M              M groups fewer than the gate admits: fewer in flight, more choice
 
 Figures: per policy and bound, `ratio` (steps/s over the synchronous loop's on the same group
-times) and `dropped` (groups dropped / groups started). In steady state a schedule that keeps
+times) and `dropped` (groups dropped / groups started), over one long run per policy. Then,
+for the straggler factors, what `benchmarks/pipeline.py`'s 24-step runs would see over many
+latency draws (`short_runs`): the mean and spread of its pooled `stale_dropped_fraction` (the
+max_staleness=1 runs with 4 groups per step and with 1), the share of draws above 2%, and the
+mean gain of its tail ceiling over the gate alone's at each bound. In steady state a schedule that keeps
 E groups beyond (max_staleness + 1) x groups_per_step outstanding must drop at least
 E / ((max_staleness + 1) x groups_per_step + E) of what it starts (Little's law: no group
 stays longer than max_staleness + 1 steps), so spares cannot fit a 2% drop budget.
@@ -85,7 +90,7 @@ def group_times(n: int, seed: int) -> list[float]:
 def policies() -> dict:
     """name -> (straggler factor or None, gate variant or None: (spares, arrival))."""
     out = {"gate": (None, None)}
-    out.update({f"straggler x{f:g}": (f, None) for f in (2.5, STRAGGLER_FACTOR, 3.5, 4.0)})
+    out.update({f"straggler x{f:g}": (f, None) for f in sorted({2.5, 3.0, STRAGGLER_FACTOR, 4.0})})
     out.update({"spare +1": (None, (1, False)), "spare +2": (None, (2, False)),
                 "arrival +0": (None, (0, True)), "arrival +1": (None, (1, True)),
                 "hole -1": (None, (-1, False)), "hole -2": (None, (-2, False))})
@@ -103,6 +108,34 @@ def simulate(times: list[float], steps: int, gps: int, max_staleness: int, facto
     per_step = (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
     return {"ratio": round(sum(sync[skip:]) / (steps - skip) / per_step, 3),
             "dropped": round((out["dropped"] + out["missed"]) / out["started"], 4)}
+
+
+def short_runs(factor: float, draws: int, steps: int = 24) -> dict:
+    """`benchmarks/pipeline.py`'s figures under the straggler rule, over `draws` latency seeds:
+    its pooled stale_dropped_fraction and the tail ceiling over the gate alone's."""
+    drops, gains = [], {1: [], 2: []}
+    for seed in range(1, draws + 1):
+        dropped = started = 0
+        for gps, s in ((4, 1), (4, 2), (1, 1)):
+            times = group_times((steps + s + 1) * gps + 2, seed)
+            walls, t = [], 0.0
+            for k in range(steps):
+                t += max(times[k * gps:(k + 1) * gps]) + STEP_COST_S
+                walls.append(t)
+            if s == 1:
+                out = bench.replay_schedule(times, [STEP_COST_S], s, gps, max_running=MAX_RUNNING,
+                                            straggler_factor=factor)
+                dropped, started = dropped + out["dropped"], started + out["started"]
+            if gps == 4:
+                sync = {"step_wall_s": walls, "group_s": times[:steps * gps],
+                        "groups_per_step": gps, "max_running_groups": MAX_RUNNING}
+                gains[s].append(bench.tail_ceiling(sync, s, factor) / bench.tail_ceiling(sync, s, None))
+        drops.append(dropped / started)
+    drops.sort()
+    return {"dropped_mean": round(sum(drops) / draws, 4),
+            "dropped_p10_p90": [round(drops[int(0.1 * (draws - 1))], 4), round(drops[int(0.9 * (draws - 1))], 4)],
+            "share_above_0.02": round(sum(d > 0.02 for d in drops) / draws, 2),
+            **{f"gain_max_staleness_{s}": round(sum(g) / draws, 3) for s, g in gains.items()}}
 
 
 def main() -> None:
@@ -126,7 +159,12 @@ def main() -> None:
             print(f"gps={gps} {name:15s} " + " | ".join(
                 f"s={s}: ratio {r['ratio']:.3f} dropped {r['dropped']:.4f}" for s, r in row.items()),
                 flush=True)
-    figures.update(steps=steps, seed=args.seed, model_turn_s=MODEL_TURN_S, step_cost_s=STEP_COST_S,
+    draws = 20 if args.quick else 100
+    for factor in sorted({3.0, STRAGGLER_FACTOR, 4.0}):
+        row = short_runs(factor, draws)
+        figures[f"straggler x{factor:g} short_runs"] = row
+        print(f"24-step runs, straggler x{factor:g}, {draws} draws: {row}", flush=True)
+    figures.update(steps=steps, seed=args.seed, draws=draws, model_turn_s=MODEL_TURN_S, step_cost_s=STEP_COST_S,
                    workload=f"groups of {GROUP_SIZE}, 3 turns, lognormal env latency median "
                             f"{bench.ENV_MEDIAN_S:g} s p99 10x, {MAX_RUNNING} groups in flight at most")
     if not args.quick:

@@ -14,8 +14,8 @@ async mode (the point of agentax):
   deadline first, and steps as soon as it has `groups_per_step` of them. It waits for a
   straggler only when the straggler's deadline has come, so no admitted group goes stale; a
   group staler than `max_staleness` anyway is dropped and counted (a safety net). A straggler
-  that has run `STRAGGLER_FACTOR` (3.5) x the median group time while complete groups could fill the
-  step without it is cancelled and counted as `stale` instead (`StragglerLimit`).
+  that has run `STRAGGLER_FACTOR` (3.5) x the median group time while complete groups could
+  fill the step without it is cancelled and counted as `stale` instead (`StragglerLimit`).
 * New weights go to the engine between two decode steps, tagged with their version;
   in-flight episodes keep going.
 
@@ -478,7 +478,9 @@ class Pipeline:
         deadline blocks them. Drops that group if it has run past the straggler limit (returns
         0.0); otherwise returns how long it may still run (None: no limit applies yet)."""
         limit = stragglers.limit_s()
-        alive = [(r, t) for t, r in running.items() if not t.done()]
+        # A group whose members have all finished is being screened, not late.
+        alive = [(r, t) for t, r in running.items()
+                 if not t.done() and len(r.members.finished) < self.config.group_size]
         if limit is None or not alive:
             return None
         victim, task = min(alive, key=lambda rt: (rt[0].deadline, rt[0].index))
