@@ -450,12 +450,15 @@ def tail_ceiling(sync: dict, max_staleness: int, straggler_factor: float | None 
     walls, group_s, gps = sync["step_wall_s"], sync["group_s"], sync["groups_per_step"]
     slowest = [max(group_s[k * gps:(k + 1) * gps]) for k in range(len(walls))]
     cost = [wall - (walls[k - 1] if k else 0.0) - slowest[k] for k, wall in enumerate(walls)]
-    # Replacements for dropped groups need a few more group times than the sync run had: the
-    # replay reuses the run's own, in order, once they run out.
-    ends = replay_schedule(group_s * 2, cost, max_staleness, gps,
-                           max_running=sync["max_running_groups"],
-                           straggler_factor=straggler_factor)["step_ends"][:len(walls)]
-    skip = FILL_STEPS if len(walls) > FILL_STEPS else 0
+    # Replacements for dropped groups need more group times than the sync run had: the replay
+    # reuses the run's own once they run out, but compares only the steps before the first
+    # step that trained, or dropped, a reused one.
+    out = replay_schedule(group_s * 2, cost, max_staleness, gps,
+                          max_running=sync["max_running_groups"], straggler_factor=straggler_factor)
+    steps = min(len(walls), next((k for k, last in enumerate(out["step_last_group"])
+                                  if last >= len(group_s)), len(walls)))
+    walls, ends = walls[:steps], out["step_ends"][:steps]
+    skip = FILL_STEPS if steps > FILL_STEPS + 1 else 0
     if skip:
         return (walls[-1] - walls[skip - 1]) / (ends[-1] - ends[skip - 1])
     return walls[-1] / ends[-1]
@@ -473,8 +476,9 @@ def replay_schedule(group_s: list[float], cost_s: list[float], max_staleness: in
     A group still outstanding past its deadline is dropped too (`missed`; never with the real
     gate — a variant passed as `gate` may over-admit). Stops when the group times run out.
 
-    Returns {"step_ends": [...], "started": n, "dropped": stragglers dropped, "missed": n,
-    "staleness": per trained group}."""
+    Returns {"step_ends": [...], "step_last_group": the highest group index each step trained
+    or dropped, "started": n, "dropped": stragglers dropped, "missed": n, "staleness": per
+    trained group}."""
     return asyncio.run(_replay(group_s, cost_s, max_staleness, gps, max_running,
                                straggler_factor, gate))
 
@@ -487,7 +491,9 @@ async def _replay(group_s, cost_s, max_staleness, gps, max_running, straggler_fa
     finishing: list[tuple[float, int]] = []  # heap of (end, index)
     pool: list[tuple[int, int]] = []  # complete: (deadline, index)
     batch: list[tuple[int, int]] = []
-    out = {"step_ends": [], "started": 0, "dropped": 0, "missed": 0, "staleness": []}
+    out = {"step_ends": [], "step_last_group": [], "started": 0, "dropped": 0, "missed": 0,
+           "staleness": []}
+    last_group = -1  # the highest index the step being built has trained or dropped
     admitted_at: dict[int, int] = {}  # index -> published version at admission
     while True:
         while nxt < len(group_s) and not gate.would_block() and len(running) < max_running:
@@ -515,6 +521,7 @@ async def _replay(group_s, cost_s, max_staleness, gps, max_running, straggler_fa
             del running[index]
             await gate.release(deadline)
             out["dropped"] += 1
+            last_group = max(last_group, index)
             dropped = True
             break
         if dropped:
@@ -531,7 +538,8 @@ async def _replay(group_s, cost_s, max_staleness, gps, max_running, straggler_fa
             out["staleness"] += [gate.trained - admitted_at[i] for _, i in batch]
             await gate.step(d for d, _ in batch)
             await gate.publish(gate.trained)
-            batch, train_end = [], None
+            out["step_last_group"].append(max([last_group] + [i for _, i in batch]))
+            batch, train_end, last_group = [], None, -1
             out["step_ends"].append(now)
             for index in [i for i, (d, _) in running.items() if d < gate.trained]:
                 await gate.release(running.pop(index)[0])
