@@ -44,9 +44,9 @@ __all__ = ["STRAGGLER_FACTOR", "StalenessGate", "StragglerLimit"]
 STRAGGLER_FACTOR = 3.5
 """A group that blocks the trainer is dropped once it has run this many times as long as the
 median recent group. Chosen by simulation (docs/async.md, "Dropping stragglers"): with
-lognormal environment steps (p99 = 10 x median) it drops ~0.9% of groups and raises the
-throughput the bound allows by ~3% at max_staleness=2 (~2% at 1); 3 drops 1.6% for ~5%, but
-a short run's drop fraction spreads around its mean, and 3.5 keeps it under 2% in 93% of
+lognormal environment steps (p99 = 10 x median) it drops 0.9% of groups and raises the
+throughput the bound allows by 3.1% at max_staleness=2 (1.6% at 1); 3 drops 1.6% for 5.4%,
+but a short run's drop fraction spreads around its mean, and 3.5 keeps it under 2% in 93% of
 24-step runs (3: 82%). The median, unlike a high quantile, is not pulled down by the groups
 the rule itself drops (they are never observed to finish), so the drop rate cannot feed on
 itself."""
