@@ -196,6 +196,9 @@ def run_mode(mode: str, staleness: int, steps: int, median_s: float, args) -> di
             "wall_s": res.wall_s, "step_wall_s": [rec.wall_s for rec in res.steps],
             "step_train_s": [rec.train_s for rec in res.steps],
             "group_s": clock.group_s(args.groups_per_step, len(res.steps)) if mode == "sync" else None,
+            "more_group_s": (later_group_s(median_s, len(res.steps) * args.groups_per_step,
+                                           getattr(args, "turn_s", 0.0), args)
+                             if mode == "sync" else None),
             "groups_per_step": args.groups_per_step,
             "max_running_groups": args.slots // args.group_size}
 
@@ -285,10 +288,22 @@ def no_contention(turn_s: float, train_s: float, args) -> dict:
         if mode == "sync":
             sync = {"step_wall_s": [r.wall_s for r in res.steps],
                     "group_s": clock.group_s(args.groups_per_step, len(res.steps)),
+                    "more_group_s": later_group_s(args.env_latency_s,
+                                                  len(res.steps) * args.groups_per_step, turn_s, args),
                     "groups_per_step": args.groups_per_step,
                     "max_running_groups": args.slots // args.group_size}
     return {"ratio": {s: out[s] / out[0] for s in (1, 2)},
             "tail_ceiling": {s: tail_ceiling(sync, s) for s in (1, 2)}}
+
+
+def later_group_s(median_s: float, groups: int, turn_s: float, args) -> list[float]:
+    """Rollout times of the groups after a sync run's last one, as the async run meets them
+    when it starts replacements for dropped stragglers: the next episodes' latencies from the
+    same `EpisodeLatencies` stream, plus one model turn (`turn_s`, measured warm) a step."""
+    latencies = EpisodeLatencies(median_s, seed=1)
+    latencies.started = groups * args.group_size
+    return [max(sum(turn_s + x for x in latencies.next_episode()) for _ in range(args.group_size))
+            for _ in range(groups)]
 
 
 def compare(median_s: float, args) -> dict:
@@ -370,7 +385,7 @@ def main() -> None:
     if args.warmup_only:
         print(json.dumps(compiled))
         return
-    turn_s = warm["turn_s"]
+    turn_s = args.turn_s = warm["turn_s"]
     main_run = compare(args.env_latency_s, args)
     turn_run = compare(turn_s, args)  # the workload before: latency = one model turn
     no_latency = compare(0.0, args)
@@ -450,11 +465,14 @@ def tail_ceiling(sync: dict, max_staleness: int, straggler_factor: float | None 
     walls, group_s, gps = sync["step_wall_s"], sync["group_s"], sync["groups_per_step"]
     slowest = [max(group_s[k * gps:(k + 1) * gps]) for k in range(len(walls))]
     cost = [wall - (walls[k - 1] if k else 0.0) - slowest[k] for k, wall in enumerate(walls)]
-    # Replacements for dropped groups need more group times than the sync run had: the replay
-    # reuses the run's own once they run out, but compares only the steps before the first
-    # step that trained, or dropped, a reused one.
-    out = replay_schedule(group_s * 2, cost, max_staleness, gps,
+    # Replacements for dropped groups need more group times than the sync run had: the next
+    # episodes' latencies (`later_group_s`); without them the replay reuses the run's own, and
+    # compares only the steps before the first step that trained, or dropped, a reused one.
+    more = sync.get("more_group_s") or group_s
+    out = replay_schedule(group_s + more, cost, max_staleness, gps,
                           max_running=sync["max_running_groups"], straggler_factor=straggler_factor)
+    if sync.get("more_group_s"):
+        group_s = group_s + more
     steps = min(len(walls), next((k for k, last in enumerate(out["step_last_group"])
                                   if last >= len(group_s)), len(walls)))
     walls, ends = walls[:steps], out["step_ends"][:steps]

@@ -76,3 +76,16 @@ def test_episode_latencies_are_paired_by_start_order_and_lognormal():
     assert all(len(episode) == bench.LatencyEnv.max_steps for episode in first)
     assert statistics.median(flat) == pytest.approx(0.1, rel=0.15)
     assert sorted(flat)[int(0.99 * len(flat))] == pytest.approx(1.0, rel=0.4)  # p99 = 10 x median
+
+
+def test_later_group_times_continue_the_paired_latency_stream():
+    import argparse
+
+    args = argparse.Namespace(group_size=GPS)
+    latencies = bench.EpisodeLatencies(0.1, seed=1)
+    first = [max(sum(0.02 + x for x in latencies.next_episode()) for _ in range(GPS))
+             for _ in range(10)]  # what a 10-group sync run's episodes got
+    after = [max(sum(0.02 + x for x in latencies.next_episode()) for _ in range(GPS))
+             for _ in range(10)]
+    assert bench.later_group_s(0.1, 10, 0.02, args) == pytest.approx(after)
+    assert after != pytest.approx(first)
