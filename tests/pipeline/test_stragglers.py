@@ -159,3 +159,23 @@ def test_straggler_limit_is_a_multiple_of_the_recent_median():
     assert limit.limit_s() == pytest.approx(1.5)
     with pytest.raises(ValueError, match="factor"):
         StragglerLimit(factor=1.0)
+
+
+def test_straggler_factor_zero_waits_for_every_group():
+    engine = _Engine()
+    slow = 10  # 40x the others' turn time: far past any straggler limit
+    tasks = lambda i: Task(id=f"t{i}", prompt="0.2" if i == slow else "0.005")  # noqa: E731
+    config = PipelineConfig(mode="async", max_staleness=1, group_size=2, groups_per_step=2,
+                            max_concurrency=32, filters=(), stall_timeout_s=30,
+                            straggler_factor=0)
+    with mock.patch.object(_pipeline, "StragglerLimit", _EARLY_LIMIT):
+        result = Pipeline(_Collector(engine), _Trainer(), engine, tasks, config).run(10)
+    trained = {int(g[1:]) for rec in result.steps for g in rec.group_ids}
+    assert slow in trained
+    assert result.accounting.filtered["stale"] == 0
+    assert all(s <= 1 for rec in result.steps for s in rec.staleness)
+
+
+def test_straggler_factor_is_checked():
+    with pytest.raises(ValueError, match="straggler_factor"):
+        PipelineConfig(straggler_factor=0.5)

@@ -14,8 +14,9 @@ async mode (the point of agentax):
   deadline first, and steps as soon as it has `groups_per_step` of them. It waits for a
   straggler only when the straggler's deadline has come, so no admitted group goes stale; a
   group staler than `max_staleness` anyway is dropped and counted (a safety net). A straggler
-  that has run `STRAGGLER_FACTOR` (3.5) x the median group time while complete groups could
-  fill the step without it is cancelled and counted as `stale` instead (`StragglerLimit`).
+  that has run `straggler_factor` (3.5) x the median group time while complete groups could
+  fill the step without it is cancelled and counted as `stale` instead (`StragglerLimit`; 0 never
+  drops).
 * New weights go to the engine between two decode steps, tagged with their version;
   in-flight episodes keep going.
 
@@ -400,13 +401,14 @@ class Pipeline:
         ready: asyncio.Queue[tuple[int, Group]] = asyncio.Queue()  # bounded by the gate
         episodes = asyncio.Semaphore(cfg.max_concurrency)
         running: dict[asyncio.Task, _Running] = {}
-        stragglers = StragglerLimit()
+        stragglers = StragglerLimit(cfg.straggler_factor) if cfg.straggler_factor else None
         dropped: set[asyncio.Task] = set()  # cancelled stragglers still unwinding
 
         async def group_done(index: int, deadline: int, members: _Members) -> None:
             t0 = time.perf_counter()
             group = await self._run_group(index, episodes, members)
-            stragglers.observe(time.perf_counter() - t0)
+            if stragglers is not None:
+                stragglers.observe(time.perf_counter() - t0)
             if self._screen(group) is None:
                 await gate.release(deadline)
                 return
@@ -446,7 +448,7 @@ class Pipeline:
                             batch.append(picked)
                             continue
                         timeout = None
-                        if len(pool) + len(batch) >= cfg.groups_per_step:
+                        if stragglers is not None and len(pool) + len(batch) >= cfg.groups_per_step:
                             # Complete groups could fill the step but a running group whose
                             # deadline has come blocks them: the earliest-deadline one.
                             timeout = await self._drop_straggler(gate, running, stragglers,
