@@ -83,9 +83,14 @@ def kv_bytes_per_token(cfg: ModelConfig) -> int:
 
 
 def forward_flops(cfg: ModelConfig, body_params: int, rows: int, tokens: int,
-                  logits_rows: int) -> float:
-    """Model FLOPs of a causal forward over rows x tokens (matmuls only)."""
+                  logits_rows: int, prefill: bool = False) -> float:
+    """Model FLOPs of a causal forward over rows x tokens (matmuls only). `prefill`: as the
+    engine's prefill computes it, whose last layer runs its output projection and MLP only
+    for each row's last token (nothing reads the others)."""
     dense = 2.0 * body_params * rows * tokens
+    if prefill:
+        qkv = cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        dense -= 2.0 * (body_params / cfg.num_layers - qkv) * rows * (tokens - 1)
     head = 2.0 * cfg.hidden_size * cfg.vocab_size * logits_rows
     # QK^T and PV, causal: each of the two is 2 * N * H * T^2 / 2 per row and layer.
     attn = 2.0 * cfg.num_layers * rows * cfg.num_heads * cfg.head_dim * tokens * tokens
@@ -146,14 +151,14 @@ def bench_prefill(model, rows: int, tokens: int, reps: int, peak: float | None,
     runner = Runner(model, config)
     ids = jnp.ones((rows, tokens), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (rows, tokens))
-    slots, last = jnp.arange(rows, dtype=jnp.int32), jnp.full((rows,), tokens - 1, jnp.int32)
+    slots = jnp.arange(rows, dtype=jnp.int32)
     sampling = RowSampling(jnp.ones(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
                            jnp.zeros(rows, jnp.uint32))
     span = config.attend_bucket(tokens)
 
     def call():
         tok, _, runner.cache = prefill_chunk(runner.model_def, runner.weights, runner.cache, ids,
-                                             positions, slots, last, sampling, span)
+                                             positions, slots, sampling, span)
         return jax.device_get(tok)
 
     call()
@@ -161,7 +166,7 @@ def bench_prefill(model, rows: int, tokens: int, reps: int, peak: float | None,
     for _ in range(reps):
         call()
     dt = (time.perf_counter() - t) / reps
-    flops = forward_flops(cfg, body_params, rows, tokens, logits_rows=rows)
+    flops = forward_flops(cfg, body_params, rows, tokens, logits_rows=rows, prefill=True)
     out = {"prefill_tokens_per_s": rows * tokens / dt, "prefill_tflops": flops / dt / 1e12}
     if peak:
         out["prefill_mfu"] = flops / dt / peak

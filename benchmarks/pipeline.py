@@ -19,9 +19,12 @@ Figures (last line, JSON):
   ceiling_max_staleness_1/_2 the most async can gain at that bound given this sync run's
                              rollout time R and train time S per step (see `ceiling`): at
                              max_staleness=1 never more than 2, whatever the workload
-  tail_ceiling_max_staleness_1/_2  the same with the long tail kept: the gate's schedule
-                             replayed on this sync run's own group times (`tail_ceiling`); what
-                             async reaches if rollouts and training shared no CPU
+  tail_ceiling_max_staleness_1/_2  the same with the long tail kept: the pipeline's schedule
+                             (StalenessGate + StragglerLimit) replayed in virtual time on this
+                             sync run's own group times (`tail_ceiling`); what async reaches if
+                             rollouts and training shared no CPU
+  tail_ceiling_never_drop_max_staleness_1/_2  the same replay without straggler drops (the
+                             gate alone, the schedule before 2026-12-01)
   async_over_sync_no_contention_max_staleness_1/_2  (full run only) the real Pipeline
                              driving sleep-only parts with this workload's model turn, env
                              latency and sync train step: the scheduling alone, no CPU shared
@@ -35,8 +38,10 @@ Figures (last line, JSON):
   stale_dropped_fraction     episodes dropped as stale / episodes started, pooled over the
                              async runs at max_staleness=1: the main workload and the same
                              with 1 group per step (where arrival-order consumption dropped
-                             ~11% before the gate scheduled by deadline)
+                             ~11% before the gate scheduled by deadline). Now these are the
+                             stragglers `StragglerLimit` drops (docs/async.md)
   stale_dropped_fraction_1gps  that second run alone
+  stale_dropped_fraction_max_staleness_2  the main workload's run at max_staleness=2
   async_over_sync_turn_latency(_max_staleness_1)  the ratio under the old workload
   async_over_sync_no_latency the ratio with zero environment latency
   compile_s / warmup_s       seconds XLA spent compiling during the warm-up, and the warm-up's
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import math
 import os
@@ -67,7 +73,8 @@ from agentax.agents import ModelAgent
 from agentax.engine import Engine, EngineConfig, enable_compilation_cache
 from agentax.envs import Environment
 from agentax.models import ModelConfig, Transformer
-from agentax.pipeline import Pipeline, PipelineConfig
+from agentax.pipeline import (STRAGGLER_FACTOR, Pipeline, PipelineConfig, StalenessGate,
+                              StragglerLimit)
 from agentax.records import Observation, SamplingParams, StepResult, Task
 from agentax.rollout import Collector, CollectorConfig
 from agentax.text import ByteTokenizer
@@ -189,7 +196,11 @@ def run_mode(mode: str, staleness: int, steps: int, median_s: float, args) -> di
             "wall_s": res.wall_s, "step_wall_s": [rec.wall_s for rec in res.steps],
             "step_train_s": [rec.train_s for rec in res.steps],
             "group_s": clock.group_s(args.groups_per_step, len(res.steps)) if mode == "sync" else None,
-            "groups_per_step": args.groups_per_step}
+            "more_group_s": (later_group_s(median_s, len(res.steps) * args.groups_per_step,
+                                           getattr(args, "turn_s", 0.0), args)
+                             if mode == "sync" else None),
+            "groups_per_step": args.groups_per_step,
+            "max_running_groups": args.slots // args.group_size}
 
 
 def measure_model_turn(args) -> float:
@@ -277,9 +288,22 @@ def no_contention(turn_s: float, train_s: float, args) -> dict:
         if mode == "sync":
             sync = {"step_wall_s": [r.wall_s for r in res.steps],
                     "group_s": clock.group_s(args.groups_per_step, len(res.steps)),
-                    "groups_per_step": args.groups_per_step}
+                    "more_group_s": later_group_s(args.env_latency_s,
+                                                  len(res.steps) * args.groups_per_step, turn_s, args),
+                    "groups_per_step": args.groups_per_step,
+                    "max_running_groups": args.slots // args.group_size}
     return {"ratio": {s: out[s] / out[0] for s in (1, 2)},
             "tail_ceiling": {s: tail_ceiling(sync, s) for s in (1, 2)}}
+
+
+def later_group_s(median_s: float, groups: int, turn_s: float, args) -> list[float]:
+    """Rollout times of the groups after a sync run's last one, as the async run meets them
+    when it starts replacements for dropped stragglers: the next episodes' latencies from the
+    same `EpisodeLatencies` stream, plus one model turn (`turn_s`, measured warm) a step."""
+    latencies = EpisodeLatencies(median_s, seed=1)
+    latencies.started = groups * args.group_size
+    return [max(sum(turn_s + x for x in latencies.next_episode()) for _ in range(args.group_size))
+            for _ in range(groups)]
 
 
 def compare(median_s: float, args) -> dict:
@@ -361,7 +385,7 @@ def main() -> None:
     if args.warmup_only:
         print(json.dumps(compiled))
         return
-    turn_s = warm["turn_s"]
+    turn_s = args.turn_s = warm["turn_s"]
     main_run = compare(args.env_latency_s, args)
     turn_run = compare(turn_s, args)  # the workload before: latency = one model turn
     no_latency = compare(0.0, args)
@@ -383,6 +407,8 @@ def main() -> None:
         "ceiling_max_staleness_2": round(ceiling(sync, 2), 3),
         "tail_ceiling_max_staleness_1": round(tail_ceiling(sync, 1), 3),
         "tail_ceiling_max_staleness_2": round(tail_ceiling(sync, 2), 3),
+        "tail_ceiling_never_drop_max_staleness_1": round(tail_ceiling(sync, 1, None), 3),
+        "tail_ceiling_never_drop_max_staleness_2": round(tail_ceiling(sync, 2, None), 3),
         "best_max_staleness": main_run["best_staleness"],
         **({} if sleeping is None else {
             "async_over_sync_no_contention_max_staleness_1": round(sleeping["ratio"][1], 3),
@@ -399,6 +425,8 @@ def main() -> None:
         "staleness_max": main_run["async"]["staleness_max"],
         "stale_dropped_fraction": round(stale_fraction, 4),
         "stale_dropped_fraction_1gps": round(one_gps["stale_dropped_fraction"], 4),
+        "stale_dropped_fraction_max_staleness_2": round(
+            main_run["async_by_staleness"][2]["stale_dropped_fraction"], 4),
         "async_over_sync_turn_latency": round(turn_run["ratio"], 3),
         "async_over_sync_turn_latency_max_staleness_1": round(turn_run["ratios"][1], 3),
         "async_over_sync_no_latency": round(no_latency["ratio"], 3),
@@ -425,37 +453,126 @@ def main() -> None:
     print(json.dumps(figures))
 
 
-def tail_ceiling(sync: dict, max_staleness: int) -> float:
+def tail_ceiling(sync: dict, max_staleness: int, straggler_factor: float | None = STRAGGLER_FACTOR) -> float:
     """The most async can gain over this sync run at `max_staleness` if every group took
     exactly as long as it did in the sync run (the same episodes with the same latencies:
-    `EpisodeLatencies`) and rollouts and training shared nothing: the gate's schedule replayed
-    on the sync run's own group times.
-
-    The first max_staleness + 1 steps' worth of groups start together and the first steps
-    train them in completion order. From then on the gate admits `groups_per_step` groups at
-    each publish, and the groups admitted at the end of step k - s - 1 are exactly those step k
-    must train (their deadline), so step k ends at
-
-        E_k = max(E_{k-1}, E_{k-s-1} + G_k) + C_k
-
-    with G_k the slowest of its groups and C_k the sync step's own train + publish time. Unlike
-    `ceiling` this keeps the long tail: a straggler delays its step in full, and a chain that
-    finished early waits for the step before it (it could not have started earlier)."""
+    `EpisodeLatencies`) and rollouts and training shared nothing: the pipeline's schedule —
+    the real `StalenessGate` and `StragglerLimit` — replayed on the sync run's own group times
+    in virtual time (`replay_schedule`), each step costing what the sync step's train + publish
+    cost. Unlike `ceiling` this keeps the long tail: a straggler delays its chain in full
+    unless the straggler rule drops it. `straggler_factor=None` replays the gate alone (never
+    drop), the schedule before stragglers were dropped."""
     walls, group_s, gps = sync["step_wall_s"], sync["group_s"], sync["groups_per_step"]
     slowest = [max(group_s[k * gps:(k + 1) * gps]) for k in range(len(walls))]
     cost = [wall - (walls[k - 1] if k else 0.0) - slowest[k] for k, wall in enumerate(walls)]
-    fill = sorted(group_s[:(max_staleness + 1) * gps])
-    ends: list[float] = []
-    for k in range(len(walls)):
-        if k <= max_staleness:
-            ready = fill[min((k + 1) * gps, len(fill)) - 1]
-        else:
-            ready = ends[k - max_staleness - 1] + slowest[k]
-        ends.append(max(ends[-1] if ends else 0.0, ready) + cost[k])
-    skip = FILL_STEPS if len(walls) > FILL_STEPS else 0
+    # Replacements for dropped groups need more group times than the sync run had: the next
+    # episodes' latencies (`later_group_s`); without them the replay reuses the run's own, and
+    # compares only the steps before the first step that trained, or dropped, a reused one.
+    more = sync.get("more_group_s") or group_s
+    out = replay_schedule(group_s + more, cost, max_staleness, gps,
+                          max_running=sync["max_running_groups"], straggler_factor=straggler_factor)
+    if sync.get("more_group_s"):
+        group_s = group_s + more
+    steps = min(len(walls), next((k for k, last in enumerate(out["step_last_group"])
+                                  if last >= len(group_s)), len(walls)))
+    walls, ends = walls[:steps], out["step_ends"][:steps]
+    skip = FILL_STEPS if steps > FILL_STEPS + 1 else 0
     if skip:
         return (walls[-1] - walls[skip - 1]) / (ends[-1] - ends[skip - 1])
     return walls[-1] / ends[-1]
+
+
+def replay_schedule(group_s: list[float], cost_s: list[float], max_staleness: int, gps: int, *,
+                    max_running: int, straggler_factor: float | None = STRAGGLER_FACTOR,
+                    gate: StalenessGate | None = None) -> dict:
+    """The async pipeline's schedule in virtual time: group i (in admission order) rolls out
+    for group_s[i] seconds, step k trains and publishes for cost_s[k % len] seconds. Driven
+    by the pipeline's own parts, as `Pipeline._run_async` drives them: admission while the
+    `StalenessGate` allows and fewer than `max_running` groups run; each batch filled earliest
+    deadline first with `gate.fits`; a running group that blocks a step which complete groups
+    could fill is dropped once it has run past `StragglerLimit(straggler_factor)` (None: never).
+    A group still outstanding past its deadline is dropped too (`missed`; never with the real
+    gate — a variant passed as `gate` may over-admit). Stops when the group times run out.
+
+    Returns {"step_ends": [...], "step_last_group": the highest group index each step trained
+    or dropped, "started": n, "dropped": stragglers dropped, "missed": n, "staleness": per
+    trained group}."""
+    return asyncio.run(_replay(group_s, cost_s, max_staleness, gps, max_running,
+                               straggler_factor, gate))
+
+
+async def _replay(group_s, cost_s, max_staleness, gps, max_running, straggler_factor, gate):
+    gate = gate or StalenessGate(max_staleness, gps)
+    limit = StragglerLimit(straggler_factor) if straggler_factor is not None else None
+    now, nxt, train_end = 0.0, 0, None
+    running: dict[int, tuple[int, float]] = {}  # index -> (deadline, admitted at)
+    finishing: list[tuple[float, int]] = []  # heap of (end, index)
+    pool: list[tuple[int, int]] = []  # complete: (deadline, index)
+    batch: list[tuple[int, int]] = []
+    out = {"step_ends": [], "step_last_group": [], "started": 0, "dropped": 0, "missed": 0,
+           "staleness": []}
+    last_group = -1  # the highest index the step being built has trained or dropped
+    admitted_at: dict[int, int] = {}  # index -> published version at admission
+    while True:
+        while nxt < len(group_s) and not gate.would_block() and len(running) < max_running:
+            deadline = await gate.acquire()
+            running[nxt] = (deadline, now)
+            admitted_at[nxt] = gate.published
+            heapq.heappush(finishing, (now + group_s[nxt], nxt))
+            nxt += 1
+            out["started"] += 1
+        timer, dropped = None, False
+        while train_end is None and len(batch) < gps:
+            pool.sort()
+            picked = next((g for g in pool if gate.fits((d for d, _ in batch), g[0])), None)
+            if picked is not None:
+                pool.remove(picked)
+                batch.append(picked)
+                continue
+            if limit is None or len(pool) + len(batch) < gps or not running or limit.limit_s() is None:
+                break
+            index = min(running, key=lambda i: (running[i][0], i))  # the earliest deadline
+            deadline, started = running[index]
+            if now < started + limit.limit_s():
+                timer = started + limit.limit_s()
+                break
+            del running[index]
+            await gate.release(deadline)
+            out["dropped"] += 1
+            last_group = max(last_group, index)
+            dropped = True
+            break
+        if dropped:
+            continue  # admit its replacement and pick again, at the same time
+        if train_end is None and len(batch) == gps:
+            train_end = now + cost_s[len(out["step_ends"]) % len(cost_s)]
+        events = [t for t in (train_end, timer) if t is not None]
+        if finishing:
+            events.append(finishing[0][0])
+        if not events:
+            return out
+        now = max(now, min(events))
+        if train_end is not None and train_end <= now:
+            out["staleness"] += [gate.trained - admitted_at[i] for _, i in batch]
+            await gate.step(d for d, _ in batch)
+            await gate.publish(gate.trained)
+            out["step_last_group"].append(max([last_group] + [i for _, i in batch]))
+            batch, train_end, last_group = [], None, -1
+            out["step_ends"].append(now)
+            for index in [i for i, (d, _) in running.items() if d < gate.trained]:
+                await gate.release(running.pop(index)[0])
+                out["missed"] += 1
+            for item in [g for g in pool if g[0] < gate.trained]:
+                pool.remove(item)
+                await gate.release(item[0])
+                out["missed"] += 1
+        while finishing and finishing[0][0] <= now:
+            _, index = heapq.heappop(finishing)
+            if index in running:  # not dropped meanwhile
+                deadline, started = running.pop(index)
+                if limit is not None:
+                    limit.observe(now - started)
+                pool.append((deadline, index))
 
 
 def ceiling(sync: dict, max_staleness: int) -> float:

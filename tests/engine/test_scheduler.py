@@ -30,10 +30,11 @@ def request(ids, params=None, sequence_id=None, eos=()):
 def prefill_all(sched, token=7):
     """Runs prefill plans until none is left, sampling `token` after every prompt."""
     plans = []
-    while (plan := sched.plan_prefill()) is not None:
-        r = len(plan.slots_r)
-        sched.finish_prefill(plan, np.full(r, token), np.zeros(r), version=0)
-        plans.append(plan)
+    while iteration := sched.plan_prefill():
+        for plan in iteration:
+            r = len(plan.slots_r)
+            sched.finish_prefill(plan, np.full(r, token), np.zeros(r), version=0)
+        plans += iteration
     return plans
 
 
@@ -55,11 +56,15 @@ def test_fifo_admission_fills_free_slots_then_waits():
     sched.admit()
     assert [r.seq.slot for r in reqs[:3]] == [0, 1, 2]
     assert list(sched.waiting) == reqs[3:] and sched.slot_counts() == (3, 0, 0)
-    plan = sched.plan_prefill()
+    [plan] = sched.plan_prefill()
     # One call, one row per request, padded to the row and chunk buckets.
     assert plan.tokens_rc.shape == (3, 8) and plan.num_tokens == 2 + 3 + 4
-    assert plan.positions_rc[0, 2:].tolist() == [CFG.max_seq_len] * 6  # padding writes nothing
-    assert plan.positions_rc[2, :4].tolist() == [0, 1, 2, 3] and plan.last_r[:3].tolist() == [1, 2, 3]
+    # Longest first, right-aligned (each prompt's last token in the last column); padding
+    # writes nothing.
+    assert [req for req, _ in plan.rows] == reqs[2::-1]
+    assert plan.positions_rc[2, :6].tolist() == [CFG.max_seq_len] * 6
+    assert plan.positions_rc[0, 4:].tolist() == [0, 1, 2, 3]
+    assert plan.tokens_rc[1, 5:].tolist() == [2, 2, 2]
     assert plan.attend_len == 64
 
 
@@ -79,6 +84,28 @@ def test_long_prompts_are_chunked_within_the_token_budget():
     assert [p.attend_len for p in plans] == [128] * 4
     assert reqs[0].seq.cached == 100 and sched.active.tolist() == [True, True, False, False]
     assert sched.pos[0] == 100 and sched.tok[0] == 7  # sampled token pending at position 100
+
+
+def test_prefill_rows_go_to_the_calls_that_pad_least():
+    cfg = EngineConfig(max_slots=32, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8)
+    sched = Scheduler(cfg)
+    lengths = [20, 5, 30, 7, 12, 25, 9, 31, 6]  # 9 rows: one call of 16 x 32 would pad 7 rows
+    for n in lengths:
+        sched.accept(request([1] * n))
+    sched.admit()
+    plans = sched.plan_prefill()
+    # Rows of up to 32, 16 and 8 tokens: 128 + 32 + 32 padded tokens and 3 x 32 per call
+    # (288) against 16 x 32 + 32 (544) as one call.
+    assert [p.tokens_rc.shape for p in plans] == [(4, 32), (2, 16), (4, 8)]
+    assert [sorted(req.ids.size for req, _ in p.rows) for p in plans] == [
+        [20, 25, 30, 31], [9, 12], [5, 6, 7]]
+    for p in plans:
+        sched.finish_prefill(p, np.full(len(p.slots_r), 7), np.zeros(len(p.slots_r)))
+    assert sched.active.sum() == 9 and not sched.prefilling
+    from agentax.engine._scheduler import _prefill_groups
+    # Equal rows: one call unless padding costs more than the extra calls (a call = a row).
+    assert [_prefill_groups([32] * n, cfg) for n in (2, 3, 5, 6, 7, 9, 12, 24, 25)] == [
+        [2], [3], [4, 1], [4, 2], [7], [8, 1], [8, 4], [16, 8], [16, 8, 1]]
 
 
 def test_decode_plan_span_covers_the_positions_before_the_longest_sequence():

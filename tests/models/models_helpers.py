@@ -121,7 +121,7 @@ def greedy_kernel(graphdef, state, prompt_bt, steps, max_seq_len):
     cache = init_cache(model.config, b, max_seq_len)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     logits, cache = model.forward_cached(
-        prompt_bt, positions, cache, logits_index_b=jnp.full((b,), t - 1)
+        prompt_bt, positions, cache, last_only=True
     )  # [B, V]
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 

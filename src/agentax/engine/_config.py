@@ -25,9 +25,10 @@ class EngineConfig:
     Row counts are padded to a power of two (capped at this value), so prefill compiles once
     per (row bucket, chunk bucket) pair that the traffic needs."""
     prefill_token_budget: int = 0
-    """Bucketed prefill tokens (rows x chunk) of the one prefill call run between two decode
-    calls; 0 means no limit beyond max_prefill_rows x prefill_chunk. A call always takes at
-    least one row, so a lower budget trades refill speed for steadier decode latency."""
+    """Bucketed prefill tokens (rows x chunk, as if in one call) of the rows prefilled between
+    two decode calls; 0 means no limit beyond max_prefill_rows x prefill_chunk. An iteration
+    always takes at least one row, so a lower budget trades refill speed for steadier decode
+    latency."""
     decode_steps_per_call: int = 8
     """Decode steps fused into one jitted call (an on-device loop with on-device stop checks).
 
@@ -102,7 +103,7 @@ class EngineConfig:
 
     @property
     def token_budget(self) -> int:
-        """Bucketed tokens (rows x chunk) one prefill call may take."""
+        """Bucketed tokens (rows x chunk, as if in one call) one iteration's prefill may take."""
         return self.prefill_token_budget or self.prefill_rows * self.prefill_chunk
 
     @property

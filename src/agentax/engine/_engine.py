@@ -9,8 +9,8 @@ The engine is three pieces:
 
 Callers talk to the step thread only through a lock-protected inbox; it answers by resolving
 asyncio futures on the caller's loop with `call_soon_threadsafe`. Nothing blocks an event
-loop. One iteration of the step thread: drain the inbox, apply staged weights, admit, run one
-prefill call, run one decode call (`decode_steps_per_call` fused steps).
+loop. One iteration of the step thread: drain the inbox, apply staged weights, admit, run the
+prefill calls (usually one), run one decode call (`decode_steps_per_call` fused steps).
 """
 
 from __future__ import annotations
@@ -398,16 +398,18 @@ class Engine:
                 sched.release(item)
 
     def _prefill(self) -> bool:
-        plan = self._sched.plan_prefill()
-        if plan is None:
-            return False
-        with self._telemetry.span("PREFILL", tokens=plan.num_tokens, rows=len(plan.rows),
-                                  bucket=plan.tokens_rc.shape[1]):
-            token, logprob = self._runner.prefill(plan)
-        if self._sched.prefill_needs_sample(plan):
-            token, logprob = jax.device_get((token, logprob))
-        self._sched.finish_prefill(plan, token, logprob, self._version)
-        return True
+        plans = self._sched.plan_prefill()
+        out = []
+        for plan in plans:  # dispatched back to back; their samples are fetched after
+            with self._telemetry.span("PREFILL", tokens=plan.num_tokens, rows=len(plan.rows),
+                                      bucket=plan.tokens_rc.shape[1]):
+                out.append(self._runner.prefill(plan))
+        needed = [i for i, plan in enumerate(plans) if self._sched.prefill_needs_sample(plan)]
+        fetched = dict(zip(needed, jax.device_get([out[i] for i in needed])))
+        for i, plan in enumerate(plans):
+            token, logprob = fetched.get(i, (None, None))
+            self._sched.finish_prefill(plan, token, logprob, self._version)
+        return bool(plans)
 
     def _decode(self) -> bool:
         plan = self._sched.plan_decode()

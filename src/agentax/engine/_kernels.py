@@ -45,7 +45,7 @@ class ModelDef:
         )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 8), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnums=(0, 7), donate_argnums=(2,))
 def prefill_chunk(
     model_def,
     weights,
@@ -53,18 +53,17 @@ def prefill_chunk(
     tokens_rc: jax.Array,
     positions_rc: jax.Array,
     slots_r: jax.Array,
-    last_index_r: jax.Array,
     sampling: RowSampling,
     attend_len: int,
 ):
     """Feeds one chunk of R requests' tokens (one row each) and samples after each last token.
 
     Args:
-      tokens_rc: [R, C] token ids (padding anywhere after the real ones).
+      tokens_rc: [R, C] token ids, right-aligned: each row's last token sits in the last
+        column (padding before it), so the last layer runs for that column alone.
       positions_rc: [R, C] absolute positions; padding carries max_seq_len (writes nothing),
         so a padding row (all max_seq_len) changes no slot.
       slots_r: [R] the cache slot of each row (distinct among real rows).
-      last_index_r: [R] index of the last real token of each row.
       sampling: R rows of sampling parameters.
       attend_len: attention span, > every position fed.
 
@@ -74,11 +73,10 @@ def prefill_chunk(
     """
     model = _merge(model_def, weights)
     logits_rv, cache = model.forward_cached(
-        tokens_rc, positions_rc, cache, slot_ids_b=slots_r, logits_index_b=last_index_r,
+        tokens_rc, positions_rc, cache, slot_ids_b=slots_r, last_only=True,
         attend_len=attend_len,
     )
-    sample_pos = jnp.take_along_axis(positions_rc, last_index_r[:, None], axis=1)[:, 0] + 1
-    token, logprob = sample_tokens(logits_rv, sampling, sample_pos)
+    token, logprob = sample_tokens(logits_rv, sampling, positions_rc[:, -1] + 1)
     return token, logprob, cache
 
 

@@ -101,7 +101,7 @@ class Runner:
         token, logprob, self.cache = self._timed(
             prefill_chunk, self.model_def, self.weights, self.cache,
             jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
-            jnp.asarray(plan.slots_r), jnp.asarray(plan.last_r), sampling, plan.attend_len,
+            jnp.asarray(plan.slots_r), sampling, plan.attend_len,
         )
         return token, logprob
 
@@ -143,6 +143,6 @@ class Runner:
                     *_, self.cache = self._timed(
                         prefill_chunk, self.model_def, self.weights, self.cache,
                         jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
-                        zeros, sampling, span,
+                        sampling, span,
                     )
         jax.block_until_ready(self.cache)

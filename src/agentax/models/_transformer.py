@@ -165,7 +165,11 @@ class Attention(nnx.Module):
         out = attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(b, t, -1))
 
-    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len):
+    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
+               last_only=False):
+        """Writes every token's K/V to the cache and attends from each token; with `last_only`
+        only the last token of each row goes through o_proj (returns [B, 1, D]). Slicing the
+        queries instead saved a little more work but compiled 25 % slower (XLA CPU)."""
         q, k, v = self.qkv(x_btd, positions_bt)
         b, t = positions_bt.shape
         if slot_ids_b is None:  # all slots, in order (decode)
@@ -183,6 +187,8 @@ class Attention(nnx.Module):
         k_pos = jnp.arange(span)
         mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, L]
         out = cached_attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
+        if last_only:
+            out, t = out[:, -1:], 1
         return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
 
     def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
@@ -242,10 +248,14 @@ class Block(nnx.Module):
     def __call__(self, x_btd, positions_bt, allowed_btt):
         return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, allowed_btt))
 
-    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len):
+    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
+               last_only=False):
         a, k_cache, v_cache = self.attn.cached(
-            self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len
+            self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
+            last_only,
         )
+        if last_only:  # only the last token goes on: [B, 1, D]
+            x_btd = x_btd[:, -1:]
         return self._finish(x_btd, a), k_cache, v_cache
 
     def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
@@ -348,7 +358,7 @@ class Transformer(nnx.Module):
         positions_bt: jax.Array,
         cache: KVCache,
         slot_ids_b: jax.Array | None = None,
-        logits_index_b: jax.Array | None = None,
+        last_only: bool = False,
         attend_len: int | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Prefill or decode against the KV cache.
@@ -359,23 +369,28 @@ class Transformer(nnx.Module):
             position >= cache.max_seq_len writes nothing (idle rows, chunk padding).
           cache: the KV cache.
           slot_ids_b: [B] which cache slot each row uses; None means row i is slot i (B == S).
-          logits_index_b: [B] if given, return logits only at this time index of each row.
+          last_only: static; return logits only at the last column of each row (a prefill
+            puts each prompt's last token there). The last layer's output projection and MLP
+            then run for that column alone: the cache needs that layer's K/V of every token,
+            nothing else does (prefill 13-17 % cheaper for the tiny 4-layer model on CPU).
           attend_len: static; attention reads only positions [0, attend_len) of each slot, so
             it must exceed every position fed. None reads the whole slot.
 
         Returns:
-          (logits, new_cache): logits [B, T, V] float32, or [B, V] with logits_index_b.
+          (logits, new_cache): logits [B, T, V] float32, or [B, V] with last_only.
         """
         x = self.embed_tokens(tokens_bt)
         new_k, new_v = [], []
-        for block, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+        last = len(self.layers) - 1
+        for i, (block, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
             x, k_cache, v_cache = block.cached(
-                x, positions_bt, k_cache, v_cache, slot_ids_b, attend_len
+                x, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
+                last_only and i == last,
             )
             new_k.append(k_cache)
             new_v.append(v_cache)
-        if logits_index_b is not None:
-            x = jnp.take_along_axis(x, logits_index_b[:, None, None], axis=1)[:, 0]  # [B, D]
+        if last_only:
+            x = x[:, 0]  # [B, D]: the last layer ran for the last token only
         return self.logits(self.final_norm(x)), KVCache(tuple(new_k), tuple(new_v))
 
     def decode_step(

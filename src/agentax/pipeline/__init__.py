@@ -11,7 +11,7 @@ from agentax.pipeline._pipeline import (
     drop_all_equal_rewards,
     group_staleness,
 )
-from agentax.pipeline._staleness import StalenessGate
+from agentax.pipeline._staleness import STRAGGLER_FACTOR, StalenessGate, StragglerLimit
 
 __all__ = [
     "Accounting",
@@ -22,8 +22,10 @@ __all__ = [
     "PipelineResult",
     "Placement",
     "RunFailed",
+    "STRAGGLER_FACTOR",
     "StalenessGate",
     "StepRecord",
+    "StragglerLimit",
     "drop_all_equal_rewards",
     "group_staleness",
 ]

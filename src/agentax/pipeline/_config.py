@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from agentax.pipeline._staleness import STRAGGLER_FACTOR
+
 __all__ = ["PipelineConfig", "GROUP_FILTERS"]
 
 GROUP_FILTERS = ("all_equal_rewards",)
@@ -30,6 +32,12 @@ class PipelineConfig:
     """Publish weights to the engine after every k optimizer steps."""
     filters: tuple[str, ...] = ("all_equal_rewards",)
     """Group filters applied before training (see GROUP_FILTERS)."""
+    straggler_factor: float = STRAGGLER_FACTOR
+    """Async mode: a running group that blocks a step while complete groups could fill it is
+    dropped (counted as stale) once it has run this many times the median recent group time.
+    Dropped episodes are samples the trainer never sees (a bias toward fast episodes where
+    slowness correlates with behaviour); 0 never drops: the trainer waits for every admitted
+    group (docs/async.md, "Dropping stragglers")."""
     seed: int = 0
     """Run seed; each episode's sampling seed derives from (seed, group index, sample index)."""
     breaker_window: int = 64
@@ -83,6 +91,9 @@ class PipelineConfig:
         if not self.loop_block_limit_s >= 0 or self.loop_block_limit_s == float("inf"):
             raise ValueError(f"pipeline.loop_block_limit_s must be >= 0 seconds (0 disables), "
                              f"got {self.loop_block_limit_s}")
+        if not (self.straggler_factor == 0 or 1.0 < self.straggler_factor < float("inf")):
+            raise ValueError(f"pipeline.straggler_factor must be > 1 (a multiple of the median "
+                             f"group time) or 0 (never drop), got {self.straggler_factor}")
         for name in ("env_threads", "tool_threads", "reward_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"pipeline.{name} must be >= 1, got {getattr(self, name)}")

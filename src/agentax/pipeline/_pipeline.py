@@ -13,7 +13,10 @@ async mode (the point of agentax):
 * The trainer takes complete groups as they arrive — no batch barrier — earliest staleness
   deadline first, and steps as soon as it has `groups_per_step` of them. It waits for a
   straggler only when the straggler's deadline has come, so no admitted group goes stale; a
-  group staler than `max_staleness` anyway is dropped and counted (a safety net).
+  group staler than `max_staleness` anyway is dropped and counted (a safety net). A straggler
+  that has run `straggler_factor` (3.5) x the median group time while complete groups could
+  fill the step without it is cancelled and counted as `stale` instead (`StragglerLimit`; 0 never
+  drops).
 * New weights go to the engine between two decode steps, tagged with their version;
   in-flight episodes keep going.
 
@@ -42,7 +45,7 @@ from agentax._executors import set_stage_threads
 from agentax.pipeline._accounting import Accounting
 from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
 from agentax.pipeline._config import PipelineConfig
-from agentax.pipeline._staleness import StalenessGate
+from agentax.pipeline._staleness import StalenessGate, StragglerLimit
 from agentax.records import Group, Task, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector, episode_seed
 from agentax.trace import get_tracer, names
@@ -214,17 +217,21 @@ class Pipeline:
         if self._failure is not None and not self._failure.done():
             self._failure.set_exception(error)
 
-    async def _run_group(self, index: int, episodes: asyncio.Semaphore) -> Group:
+    async def _run_group(self, index: int, episodes: asyncio.Semaphore,
+                         members: _Members | None = None) -> Group:
         task = self.task_for(index)
         group_id = f"g{index}"
+        members = members if members is not None else _Members()
 
         async def one(sample: int) -> Trajectory:
             async with episodes:
                 self.accounting.started += 1
+                members.started += 1
                 traj = await self.collector.run_episode(
                     task, seed=episode_seed(self.config.seed, index, sample),
                     group_id=group_id, sample_index=sample,
                 )
+                members.finished.append(traj)
             if self.on_episode is not None:
                 self.on_episode(traj)
             error = self.breaker.record(traj)
@@ -393,10 +400,15 @@ class Pipeline:
         base = self.version  # the gate counts versions from this run's start
         ready: asyncio.Queue[tuple[int, Group]] = asyncio.Queue()  # bounded by the gate
         episodes = asyncio.Semaphore(cfg.max_concurrency)
-        running: set[asyncio.Task] = set()
+        running: dict[asyncio.Task, _Running] = {}
+        stragglers = StragglerLimit(cfg.straggler_factor) if cfg.straggler_factor else None
+        dropped: set[asyncio.Task] = set()  # cancelled stragglers still unwinding
 
-        async def group_done(index: int, deadline: int) -> None:
-            group = await self._run_group(index, episodes)
+        async def group_done(index: int, deadline: int, members: _Members) -> None:
+            t0 = time.perf_counter()
+            group = await self._run_group(index, episodes, members)
+            if stragglers is not None:
+                stragglers.observe(time.perf_counter() - t0)
             if self._screen(group) is None:
                 await gate.release(deadline)
                 return
@@ -415,9 +427,10 @@ class Pipeline:
                     deadline = await gate.acquire()
                 index = self.next_group
                 self.next_group += 1
-                task = asyncio.create_task(group_done(index, deadline))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                members = _Members()
+                task = asyncio.create_task(group_done(index, deadline, members))
+                running[task] = _Running(index, deadline, time.perf_counter(), members)
+                task.add_done_callback(lambda t: running.pop(t, None))
 
         producer = asyncio.create_task(produce())
         pool: list[tuple[int, Group]] = []  # complete groups the trainer has not taken yet
@@ -431,10 +444,20 @@ class Pipeline:
                         while not ready.empty():
                             pool.append(ready.get_nowait())
                         picked = await self._pick(gate, pool, batch)
-                        if picked is None:
-                            pool.append(await _next_group(ready, producer))
-                        else:
+                        if picked is not None:
                             batch.append(picked)
+                            continue
+                        timeout = None
+                        if stragglers is not None and len(pool) + len(batch) >= cfg.groups_per_step:
+                            # Complete groups could fill the step but a running group whose
+                            # deadline has come blocks them: the earliest-deadline one.
+                            timeout = await self._drop_straggler(gate, running, stragglers,
+                                                                 dropped)
+                            if timeout == 0.0:
+                                continue
+                        item = await _next_group(ready, producer, timeout)
+                        if item is not None:
+                            pool.append(item)
                 wait_s = time.perf_counter() - t_wait
                 steps.append(await self._train([g for _, g in batch], wait_s, t_start))
                 await gate.step(d for d, _ in batch)
@@ -444,12 +467,42 @@ class Pipeline:
             producer.cancel()
             for task in list(running):
                 task.cancel()
-            await asyncio.wait({producer, *running}, timeout=self._cancel_grace_s())
+            await asyncio.wait({producer, *running, *dropped}, timeout=self._cancel_grace_s())
             while not ready.empty():
                 pool.append(ready.get_nowait())
             for _, group in pool:
                 self._account_dropped(group, "unconsumed_at_end")
         return steps
+
+    async def _drop_straggler(self, gate: StalenessGate, running: dict[asyncio.Task, _Running],
+                              stragglers: StragglerLimit, dropped: set[asyncio.Task]) -> float | None:
+        """Called when complete groups could fill the step but a running group with an earlier
+        deadline blocks them. Drops that group if it has run past the straggler limit (returns
+        0.0); otherwise returns how long it may still run (None: no limit applies yet)."""
+        limit = stragglers.limit_s()
+        # A group whose members have all finished is being screened, not late.
+        alive = [(r, t) for t, r in running.items()
+                 if not t.done() and len(r.members.finished) < self.config.group_size]
+        if limit is None or not alive:
+            return None
+        victim, task = min(alive, key=lambda rt: (rt[0].deadline, rt[0].index))
+        left = victim.started_at + limit - time.perf_counter()
+        if left > 0:
+            return left
+        task.cancel()
+        running.pop(task, None)
+        dropped.add(task)
+        task.add_done_callback(dropped.discard)
+        # Counted now, not when the cancellation lands: the trainer moves on without waiting
+        # for the episodes to unwind (they release their engine slots and close their envs).
+        members = victim.members
+        for traj in members.finished:
+            self.accounting.statuses[traj.status.value] += 1
+        unfinished = members.started - len(members.finished)
+        self.accounting.statuses[TrajectoryStatus.CANCELLED.value] += unfinished
+        self.accounting.filtered["stale"] += members.started
+        await gate.release(victim.deadline)
+        return 0.0
 
     async def _pick(self, gate: StalenessGate, pool: list, batch: list) -> tuple[int, Group] | None:
         """The complete group to add to `batch` (earliest deadline first), or None to wait."""
@@ -489,19 +542,42 @@ async def _result_or_failure(body: asyncio.Task, failure: asyncio.Future) -> lis
         raise
 
 
-async def _next_group(ready: asyncio.Queue, producer: asyncio.Task) -> tuple[int, Group]:
-    """The next complete group; re-raises if the producer died instead of waiting forever."""
+async def _next_group(ready: asyncio.Queue, producer: asyncio.Task,
+                      timeout: float | None = None) -> tuple[int, Group] | None:
+    """The next complete group, or None after `timeout` seconds; re-raises if the producer
+    died instead of waiting forever."""
     get = asyncio.ensure_future(ready.get())
     try:
-        done, _ = await asyncio.wait({get, producer}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({get, producer}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         get.cancel()
         raise
     if get in done:
         return get.result()
-    get.cancel()
+    get.cancel()  # asyncio.Queue.get leaves the item in the queue when cancelled
+    if not done:
+        return None
     producer.result()  # raises the producer's exception
     raise RuntimeError("the producer stopped before the run finished")
+
+
+@dataclasses.dataclass
+class _Members:
+    """A group's episodes so far: how many started, and those that finished."""
+
+    started: int = 0
+    finished: list[Trajectory] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Running:
+    """A group being rolled out (async mode)."""
+
+    index: int
+    deadline: int
+    started_at: float
+    members: _Members
 
 
 def _publish_colocated(trainer: Any, engine: Any, version: int) -> None:
