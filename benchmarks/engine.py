@@ -539,10 +539,13 @@ def main() -> None:
         print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))
         return
     if args.quick:
-        # Chunk 32 (one chunk bucket), a short workload, several alternating pairs.
-        # One chunk bucket (32) keeps precompiling short: 6 row x 2 span prefill shapes.
+        # The full run's engine (prefill chunk 64, buckets from 16: the same 38 kernels) on a
+        # shorter workload. Until 2026-12-01 quick used one 32-token chunk bucket to precompile
+        # less (29 s, 14 kernels), but then it timed other prefill kernels than the full run:
+        # with the prefill calls that pad least its continuous_over_static read 1.85-2.02 quiet
+        # while the full run read 2.09; with the full run's engine 2.08 and 2.03 (51-52 s).
         plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
-                             repeats=3, chunk=32, min_chunk=32, filled_pairs=3)}
+                             repeats=3, filled_pairs=3)}
     else:
         plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
                              steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",
