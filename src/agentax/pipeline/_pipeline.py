@@ -404,15 +404,14 @@ class Pipeline:
         stragglers = StragglerLimit(cfg.straggler_factor) if cfg.straggler_factor else None
         dropped: set[asyncio.Task] = set()  # cancelled stragglers still unwinding
 
-        async def group_done(index: int, deadline: int, members: _Members) -> None:
-            t0 = time.perf_counter()
-            group = await self._run_group(index, episodes, members)
+        async def group_done(run: _Running) -> None:
+            group = await self._run_group(run.index, episodes, run.members)
             if stragglers is not None:
-                stragglers.observe(time.perf_counter() - t0)
+                stragglers.observe(time.perf_counter() - run.started_at)
             if self._screen(group) is None:
-                await gate.release(deadline)
+                await gate.release(run.deadline)
                 return
-            ready.put_nowait((deadline, group))
+            ready.put_nowait((run.deadline, group))
             self.tracer.counter(names.QUEUE_DEPTH, ready.qsize())
 
         async def produce() -> None:
@@ -427,9 +426,9 @@ class Pipeline:
                     deadline = await gate.acquire()
                 index = self.next_group
                 self.next_group += 1
-                members = _Members()
-                task = asyncio.create_task(group_done(index, deadline, members))
-                running[task] = _Running(index, deadline, time.perf_counter(), members)
+                run = _Running(index, deadline, time.perf_counter(), _Members())
+                task = asyncio.create_task(group_done(run))
+                running[task] = run
                 task.add_done_callback(lambda t: running.pop(t, None))
 
         producer = asyncio.create_task(produce())
