@@ -276,8 +276,9 @@ def _demo_collector() -> CollectorConfig:
 
 def _demo_trainer() -> TrainerConfig:
     # 1e-3 with Adam (whose steps do not shrink with the tiny RL gradients) unlearned the SFT
-    # model's copying of the tool result within a few steps; 2e-4 improves it steadily.
-    return TrainerConfig(learning_rate=2e-4, micro_batch_size=32, max_seq_len=160,
+    # model's copying of the tool result within a few steps; 2e-4 improves it steadily, and
+    # 3e-4 ends 2-5 points higher sampled on seeds 0-2 in the same 40 steps (4e-4: seed 2 worse).
+    return TrainerConfig(learning_rate=3e-4, micro_batch_size=32, max_seq_len=160,
                          min_seq_bucket=160, seq_bucket_multiple=32, off_policy="tis",
                          is_cap=2.0)
 
@@ -311,12 +312,15 @@ class RunConfig:
     """Optimizer, batch shapes and the RL algorithm (agentax.train.TrainerConfig)."""
     pipeline: PipelineConfig = dataclasses.field(default_factory=_demo_pipeline)
     """Sync/async mode, staleness, group size (agentax.pipeline.PipelineConfig)."""
+    # 300 steps of 24 demonstrations, not 170 of 48: the same demonstrations (one pass) in about
+    # the same time, and the copying skill appears earlier and on more seeds.
     sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(
-        steps=170, batch_size=48, learning_rate=3e-3, warmup_steps=10, schedule="constant",
-        num_demos=8160))
+        steps=300, batch_size=24, learning_rate=3e-3, warmup_steps=10, schedule="constant",
+        num_demos=7200))
     """Supervised warm start."""
-    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-    """Held-out evaluation."""
+    eval: EvalConfig = dataclasses.field(default_factory=lambda: EvalConfig(samples=4))
+    """Held-out evaluation (the demo samples each question 4 times: 64 sampled episodes alone
+    read a 92% policy anywhere from 84% to 98%)."""
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
     """Trace, console, plots, doctor."""
 

@@ -1,8 +1,8 @@
 """The built-in calculator task: arithmetic questions, a calculator tool, and warm-start demos.
 
 A question is `What is 37*48?` (two- or three-digit operands). The agent may call the
-calculator — `<tool_call>{"name":"calculator","arguments":{"expression":"37*48"}}</tool_call>`
-— read its result, and answer with the number alone. The reward is 1 for the exact number.
+calculator — `<tool_call>{"name":"calc","arguments":{"expr":"37*48"}}</tool_call>` — read its
+result, and answer with the number alone. The reward is 1 for the exact number.
 
 Everything is byte-level and short on purpose (about 120 tokens an episode), so that the tiny
 model learns it on two CPU cores in a minute or two.
@@ -44,16 +44,24 @@ CALCULATOR_OPS = ("+", "-", "*")
 _QUESTION = re.compile(r"What is (\d+)([-+*])(\d+)\?")
 
 
+def _calc(expr: str):
+    return calculator.fn(expression=expr)
+
+
 def compact_calculator() -> Tool:
-    """`agentax.tools.calculator` with a one-line description (every byte is a token here)."""
+    """`agentax.tools.calculator` as `calc(expr)` with a one-line description.
+
+    Every byte is a token here, and the byte-level model must spell the call's fixed text: sampled
+    at temperature 1 after RL, most failed episodes had misspelled `calculator` or `expression`
+    ("calculats", "expresssion"). The short names have no repeated letters to miscount.
+    """
     return dataclasses.replace(
         calculator,
+        name="calc",
         description="Evaluates arithmetic.",
-        parameters={
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
+        parameters={"type": "object", "properties": {"expr": {"type": "string"}},
+                    "required": ["expr"]},
+        fn=_calc,
     )
 
 
@@ -127,11 +135,14 @@ def _near_miss(rng: random.Random, value: int) -> str:
     return "".join(text)
 
 
-def calculator_demos(tasks: Sequence[Task], *, seed: int, mix: DemoMix = DemoMix()) -> list[list[Message]]:
+def calculator_demos(tasks: Sequence[Task], *, seed: int, mix: DemoMix = DemoMix(),
+                     tool_name: str = "calculator", argument: str = "expression") -> list[list[Message]]:
     """One demonstration conversation per task (no system message), from the sloppy demonstrator.
 
     Tool-using demos: user question, assistant tool call, tool result, assistant answer.
     Direct demos: user question, assistant answer (right with `guess_right_rate`).
+    `tool_name(argument=...)` is the call the demonstrator makes (`compact_calculator` is
+    `calc(expr=...)`; the SDK recipe's tool is `calculator(expression=...)`).
     """
     rng = random.Random(seed)
     convs = []
@@ -141,12 +152,12 @@ def calculator_demos(tasks: Sequence[Task], *, seed: int, mix: DemoMix = DemoMix
         user = Message(role="user", content=task.prompt)
         rate = mix.tool_rate_mul if op == "*" else mix.tool_rate_add
         if rng.random() < rate:
-            call = ToolCall(name="calculator", arguments={"expression": expr}, id=f"call_{i}")
+            call = ToolCall(name=tool_name, arguments={argument: expr}, id=f"call_{i}")
             answer = _near_miss(rng, value) if rng.random() < mix.miscopy_rate else str(value)
             convs.append([
                 user,
                 Message(role="assistant", content="", tool_calls=(call,)),
-                Message(role="tool", content=str(value), name="calculator", tool_call_id=call.id),
+                Message(role="tool", content=str(value), name=tool_name, tool_call_id=call.id),
                 Message(role="assistant", content=answer),
             ])
         else:

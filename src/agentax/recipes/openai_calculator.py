@@ -22,11 +22,13 @@ from __future__ import annotations
 import ast
 import json
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 from agentax.recipes import calculator as _native
-from agentax.recipes._calculator import calculator_reward
+from agentax.recipes._calculator import calculator_demos, calculator_reward
 from agentax.recipes._tasks import PromptToolAgent
+from agentax.records import Message, Task
 from agentax.serve import OpenAIAgentEnvironment
 
 __all__ = ["CALCULATOR_TOOL", "calculator_agent", "demos", "make_agent", "make_env", "tasks"]
@@ -100,5 +102,6 @@ def make_agent(*, tool_format: str = "hermes") -> PromptToolAgent:
 tasks = _native.tasks
 """The calculator demo's questions (training and held-out)."""
 
-demos = _native.demos
-"""The calculator demo's sloppy demonstrator."""
+def demos(train_tasks: Sequence[Task], n: int, seed: int) -> list[list[Message]]:
+    """The sloppy demonstrator (`DemoMix`'s defaults) calling this recipe's `calculator`."""
+    return calculator_demos([train_tasks[i % len(train_tasks)] for i in range(n)], seed=seed)
