@@ -63,6 +63,22 @@ def test_demonstrator_is_sloppy_in_the_documented_way():
     assert 0.2 < right_direct / direct < 0.4
 
 
+def test_recipe_demonstrator_calls_calc_and_copies_faithfully():
+    from agentax.recipes import calculator as recipe
+
+    tasks = calculator_tasks(2000, seed=0)
+    convs = recipe.demos(tasks, 2000, seed=1)
+    tool = [c for c in convs if len(c) == 4]
+    assert 0.55 < len(tool) / len(convs) < 0.75  # every * question, half the +/- ones
+    for conv in tool:
+        call, = conv[1].tool_calls
+        assert call.name == "calc" and list(call.arguments) == ["expr"]
+        assert conv[3].content == conv[2].content  # the result is copied as it came
+    direct = [c for c in convs if len(c) == 2]
+    right = sum(c[1].content == t.answer for c, t in zip(convs, tasks) if len(c) == 2)
+    assert 0.08 < right / len(direct) < 0.25  # answers from memory: mostly wrong
+
+
 def test_fast_render_matches_render_conversation():
     tok = ByteTokenizer()
     convs = calculator_demos(calculator_tasks(40, seed=5), seed=2)
@@ -106,8 +122,7 @@ def test_suite_environment_runs_the_calculator_and_scores_answers():
         env, agent = suite.make_env(), suite.make_agent()
         assert agent.tools is None  # schemas left out of the prompt, calls still parsed
         await env.reset(task)
-        call = ToolCall(name="calculator", arguments={"expression": task.meta["expression"]},
-                        id="c1")
+        call = ToolCall(name="calc", arguments={"expr": task.meta["expression"]}, id="c1")
         step = await env.step(Action(text="", tool_calls=(call,)))
         result = step.observation.tool_results[0]
         final = await env.step(Action(text=result.content, final_answer=result.content))

@@ -15,11 +15,13 @@ import numpy as np
 from agentax.agents.testing import ScriptedEngine
 from agentax.cli import load_config
 from agentax.cli._build import build_suite_for
-from agentax.recipes import calculator, recipe_path
+from agentax.envs import ToolEnvironment
+from agentax.recipes import calculator_reward, recipe_path
 from agentax.recipes._render import render_examples
 from agentax.records import SamplingParams
 from agentax.rollout import Collector, CollectorConfig
 from agentax.text import ByteTokenizer, format_tool_call
+from agentax.tools import calculator
 
 
 def _suite():
@@ -52,7 +54,9 @@ def test_sdk_episode_is_the_warm_start_rendering_token_for_token():
                    else m.content for m in demo if m.role == "assistant"]
         sdk = _episode(suite, suite.make_env, suite.make_agent, task, replies,
                        cfg.collector.max_episode_tokens)
-        native = _episode(suite, calculator.make_env, suite.make_agent, task, replies,
+        # The native environment with the SDK agent's tool (the embedded demo's is `calc`).
+        native = _episode(suite, lambda: ToolEnvironment([calculator], calculator_reward),
+                          suite.make_agent, task, replies,
                           cfg.collector.max_episode_tokens)
         (ids, mask), = render_examples(tok, [demo], tools=list(suite.tools))
         # The demonstration's rendering ends with the newline after the last <|im_end|>.
