@@ -239,9 +239,8 @@ class PerfettoWriter:
             self.cpu_ns += time.thread_time_ns() - cpu
 
     def stop(self) -> None:
-        """Write what is buffered, close the file and stop the thread (idempotent). The tail
-        is encoded here, on the caller's thread: handing it to the writer thread and joining
-        it cost a run's end two thread switches and the writer's pauses."""
+        """Write what is buffered, close the file and stop the thread (idempotent). The tail is
+        encoded on the caller's thread: handing it to the writer and joining cost more."""
         if os.getpid() != self._owner:
             return
         self._stopping = True
