@@ -239,15 +239,15 @@ class PerfettoWriter:
             self.cpu_ns += time.thread_time_ns() - cpu
 
     def stop(self) -> None:
-        """Write what is buffered, stop the thread and close the file (idempotent)."""
+        """Write what is buffered, close the file and stop the thread (idempotent). The tail is
+        encoded on the caller's thread: handing it to the writer and joining cost more."""
         if os.getpid() != self._owner:
             return
         self._stopping = True
-        self._wake.set()
-        self._thread.join()
         self.drain()
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._file.close()
+        self._wake.set()  # the thread finds `_stopping` set and ends
         _OPEN.discard(self)
