@@ -55,7 +55,7 @@ class Engine:
       config: slots, slot length, prefill chunking, fused decode steps.
       eos_token_ids: ids that end every completion (finish reason EOS).
       tokenizer: anything with `decode(ids) -> str`; needed only for stop strings.
-      tracer: an `agentax.trace` tracer; None uses `agentax.trace.get_tracer()` if present.
+      tracer: an `agentax.trace` tracer; None uses `agentax.trace.get_tracer()`.
       policy_version: version of the initial weights (tagged on every token they produce).
 
     The engine starts its step thread at construction; call `shutdown()` (or use it as a
