@@ -18,11 +18,11 @@ def test_shortened_demo_improves_held_out_success(tmp_path):
     (tmp_path / "demo").mkdir()
     summary = run_train(cfg, tmp_path / "demo", quiet=True)
     before, after = summary["eval_before"], summary["eval_after"]
+    # The warm start estimates most +/- answers in its head (never rewarded), greedy included;
+    # RL learns to call the calculator on them.
     assert after["eval/sampled/success"] > before["eval/sampled/success"] + 0.1
-    # Greedy decoding hides most of the warm start's sloppiness (it already calls the tool):
-    # RL must not lose what it has; the sampled policy is where it learns.
-    assert after["eval/greedy/success"] >= before["eval/greedy/success"]
-    assert after["eval/greedy/tool_use"] >= before["eval/greedy/tool_use"]
+    assert after["eval/greedy/success"] > before["eval/greedy/success"] + 0.1
+    assert after["eval/greedy/tool_use"] > before["eval/greedy/tool_use"]
     assert after["eval/sampled/tool_use"] > before["eval/sampled/tool_use"]
     saved = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert saved["rl_steps"] == 16 and (tmp_path / "demo" / "curves.png").stat().st_size > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -69,14 +70,22 @@ def test_recipe_demonstrator_calls_calc_and_copies_faithfully():
     tasks = calculator_tasks(2000, seed=0)
     convs = recipe.demos(tasks, 2000, seed=1)
     tool = [c for c in convs if len(c) == 4]
-    assert 0.55 < len(tool) / len(convs) < 0.75  # every * question, half the +/- ones
+    by_op = collections.defaultdict(list)
+    for conv, task in zip(convs, tasks):
+        by_op[task.meta["op"]].append(len(conv) == 4)
+    assert 0.9 < np.mean(by_op["*"]) < 1.0
+    assert 0.2 < np.mean(by_op["+"]) < 0.4 and 0.2 < np.mean(by_op["-"]) < 0.4
     for conv in tool:
         call, = conv[1].tool_calls
         assert call.name == "calc" and list(call.arguments) == ["expr"]
         assert conv[3].content == conv[2].content  # the result is copied as it came
-    direct = [c for c in convs if len(c) == 2]
-    right = sum(c[1].content == t.answer for c, t in zip(convs, tasks) if len(c) == 2)
-    assert 0.08 < right / len(direct) < 0.25  # answers from memory: mostly wrong
+    direct = [(c, t) for c, t in zip(convs, tasks) if len(c) == 2]
+    assert sum(t.meta["op"] in "+-" for _, t in direct) / len(direct) > 0.9
+    for conv, task in direct:  # estimated in its head: one shared first token, never rewarded
+        assert re.fullmatch(r"about -?\d+", conv[1].content), conv[1].content
+        assert calculator_reward(task, conv[1].content) == 0.0
+        estimate = int(conv[1].content.split()[1])
+        assert abs(estimate - int(task.answer)) <= 5
 
 
 def test_fast_render_matches_render_conversation():

@@ -125,6 +125,10 @@ class DemoMix:
     """Probability of miscopying the calculator's result (one digit changed)."""
     guess_right_rate: float = 0.3
     """Probability that an answer without the tool is right (else a near miss)."""
+    estimates: bool = False
+    """Answers without the tool are estimates ("about 80"; never rewarded) instead of numbers.
+    A near miss changes one digit at random, so under greedy decoding the likeliest digits
+    spell the right number; an estimate starts with one token, so greedy can prefer it."""
 
 
 def _near_miss(rng: random.Random, value: int) -> str:
@@ -140,7 +144,8 @@ def calculator_demos(tasks: Sequence[Task], *, seed: int, mix: DemoMix = DemoMix
     """One demonstration conversation per task (no system message), from the sloppy demonstrator.
 
     Tool-using demos: user question, assistant tool call, tool result, assistant answer.
-    Direct demos: user question, assistant answer (right with `guess_right_rate`).
+    Direct demos: user question, assistant answer (right with `guess_right_rate`, or an
+    estimate with `estimates`).
     `tool_name(argument=...)` is the call the demonstrator makes (`compact_calculator` is
     `calc(expr=...)`; the SDK recipe's tool is `calculator(expression=...)`).
     """
@@ -161,6 +166,9 @@ def calculator_demos(tasks: Sequence[Task], *, seed: int, mix: DemoMix = DemoMix
                 Message(role="assistant", content=answer),
             ])
         else:
-            answer = str(value) if rng.random() < mix.guess_right_rate else _near_miss(rng, value)
+            if mix.estimates:
+                answer = f"about {round(value, -1) if abs(value) >= 10 else value}"
+            else:
+                answer = str(value) if rng.random() < mix.guess_right_rate else _near_miss(rng, value)
             convs.append([user, Message(role="assistant", content=answer)])
     return convs

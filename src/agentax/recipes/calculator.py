@@ -23,13 +23,18 @@ from agentax.recipes._tasks import PromptToolAgent
 
 __all__ = ["DEMO_MIX", "CalculatorEnvironment", "demos", "make_agent", "make_env", "tasks"]
 
-DEMO_MIX = DemoMix(tool_rate_add=0.5, tool_rate_mul=0.95, miscopy_rate=0.0, guess_right_rate=0.15)
-"""The demo's demonstrator: it calls the calculator on every * question but only half of the
-+/- ones, and its answers from memory are mostly wrong, so the warm start is sloppy in its
-*decision*. It copies the tool's result faithfully: copying is a skill the tiny model must
-acquire during the warm start (it emerges late in SFT, at a seed-dependent step), and
-demonstrations that miscopy on purpose, or too few tool-using ones, left seed 0 or 2 of the
-one-minute demo with a policy that RL could not fix in 40 steps (measured 2026-12-01)."""
+DEMO_MIX = DemoMix(tool_rate_add=0.3, tool_rate_mul=0.95, miscopy_rate=0.0, estimates=True)
+"""The demo's demonstrator: it calls the calculator on almost every * question but on only 30 %
+of the +/- ones, which it estimates in its head ("about 80": never rewarded). So the warm start
+is sloppy in its *decision*, under greedy decoding too: on +/- questions a one-token estimate
+beats the tool call, whereas answers from memory written as numbers (near misses) spread their
+first token over ten digits and lost to the call, which left greedy at 84-95 % before RL. It
+copies the tool's result faithfully: copying is a skill the tiny model must acquire during the
+warm start (it emerges late in SFT, at a seed-dependent step), and demonstrations that miscopy
+on purpose, or too few tool-using ones, left seed 0 or 2 of the one-minute demo with a policy
+that RL could not fix in 40 steps (measured 2026-12-01). Calling the tool on - questions too
+(73 % tool-using demonstrations) made RL twice as slow: most groups were then all right and
+filtered as equal-reward (2026-12-02)."""
 
 
 class CalculatorEnvironment(ToolEnvironment):
