@@ -283,7 +283,12 @@ def _demo_trainer() -> TrainerConfig:
                          is_cap=2.0)
 
 def _demo_pipeline() -> PipelineConfig:
-    return PipelineConfig(mode="async", max_staleness=1, group_size=8, groups_per_step=4,
+    # 2 questions x 16 samples per step, not 4 x 8: the same 32 trajectories, but a group of
+    # 16 comes out all right less often than one of 8 once the model is good, so fewer groups
+    # are generated only to be filtered (2,336 episodes started instead of 3,312-3,368; RL
+    # 24 s against 30-32 s on a slow day). Seeds 0-2 after RL: 100/94.9, 98.4/93.4, 95.3/91.0
+    # (greedy/sampled %) against 100/97.7, 100/95.3, 93.8/91.8 with 4 x 8.
+    return PipelineConfig(mode="async", max_staleness=1, group_size=16, groups_per_step=2,
                           max_concurrency=32)
 
 @_frozen
