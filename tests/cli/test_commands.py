@@ -81,9 +81,8 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     from agentax.cli._rundir import run_config
     from agentax.models import load_pretrained
 
+    loaded = load_pretrained(out_dir)
     ours = load_run_model(run, run_config(run))
-    # The file holds float32 weights (HF's dtype is storage); the demo computes in bfloat16.
-    loaded = load_pretrained(out_dir, dtype=ours.config.dtype, param_dtype="float32")
     ids = np.arange(1, 20, dtype=np.int32)[None]
     np.testing.assert_allclose(np.asarray(loaded(ids)), np.asarray(ours(ids)), atol=1e-5)
 

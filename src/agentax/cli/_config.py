@@ -256,14 +256,9 @@ class TracingConfig:
 # ----------------------------------------------------------------------------- the demo defaults
 
 DEMO_MODEL = ModelConfig.tiny(
-    num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
-    dtype="bfloat16",
+    num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32
 )
-"""The embedded demo's model: a ~0.3M-parameter Qwen3-layout transformer on the byte vocabulary.
-
-It computes in bfloat16 (engine, KV cache and train steps; parameters and optimizer stay
-float32): on the 2-core development CPU (AMX) an SFT step takes 108 ms instead of 133 ms, and
-the demo ~61 s warm instead of ~75 s, seeds 0-2 still >= 91 % sampled after RL."""
+"""The embedded demo's model: a ~0.3M-parameter Qwen3-layout transformer on the byte vocabulary."""
 
 def _demo_engine() -> EngineConfig:
     # One chunk shape (prompts and continuations are ~20-30 tokens) and prefill calls of at
