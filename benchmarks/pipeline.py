@@ -42,8 +42,9 @@ Figures (last line, JSON):
                              stragglers `StragglerLimit` drops (docs/async.md)
   stale_dropped_fraction_1gps  that second run alone
   stale_dropped_fraction_max_staleness_2  the main workload's run at max_staleness=2
-  async_over_sync_turn_latency(_max_staleness_1)  the ratio under the old workload
-  async_over_sync_no_latency the ratio with zero environment latency
+  async_over_sync_turn_latency(_max_staleness_1)  (full run only) the ratio under the old
+                             workload
+  async_over_sync_no_latency (full run only) the ratio with zero environment latency
   compile_s / warmup_s       seconds XLA spent compiling during the warm-up, and the warm-up's
                              wall time, on a fresh JAX compilation cache (`--cache-dir`)
   compile_s_second_run / warmup_s_second_run  the same warm-up in a second process on the
@@ -387,8 +388,10 @@ def main() -> None:
         return
     turn_s = args.turn_s = warm["turn_s"]
     main_run = compare(args.env_latency_s, args)
-    turn_run = compare(turn_s, args)  # the workload before: latency = one model turn
-    no_latency = compare(0.0, args)
+    # Full run only, like the sleep stand-ins below: --quick took 64 s on a slow 2-core day
+    # with them (they are 13 s of it), over its one-minute budget.
+    turn_run = None if args.quick else compare(turn_s, args)  # latency = one model turn
+    no_latency = None if args.quick else compare(0.0, args)
     one_gps = run_mode("async", 1, args.steps, args.env_latency_s,
                        argparse.Namespace(**{**vars(args), "groups_per_step": 1}))
     # Full run only: it takes about as long again as the main workload's three runs.
@@ -427,9 +430,10 @@ def main() -> None:
         "stale_dropped_fraction_1gps": round(one_gps["stale_dropped_fraction"], 4),
         "stale_dropped_fraction_max_staleness_2": round(
             main_run["async_by_staleness"][2]["stale_dropped_fraction"], 4),
-        "async_over_sync_turn_latency": round(turn_run["ratio"], 3),
-        "async_over_sync_turn_latency_max_staleness_1": round(turn_run["ratios"][1], 3),
-        "async_over_sync_no_latency": round(no_latency["ratio"], 3),
+        **({} if turn_run is None else {
+            "async_over_sync_turn_latency": round(turn_run["ratio"], 3),
+            "async_over_sync_turn_latency_max_staleness_1": round(turn_run["ratios"][1], 3),
+            "async_over_sync_no_latency": round(no_latency["ratio"], 3)}),
         "env_median_latency_s": args.env_latency_s,
         "model_turn_s": round(turn_s, 4),
         "sync_traj_per_s": round(sync["traj_per_s"], 2),
