@@ -69,6 +69,7 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
       "tasks.factory=null", "tasks.train_file=x.jsonl"], "needs demonstrations", "sft.steps=0"),
     (["model.vocab_size=1000"], "byte tokenizer", "model.vocab_size=272"),
     (["sft.schedule=linear"], "choose one of 'cosine', 'constant'", ""),
+    (["sft.pack=false"], "sft.batch_tokens=2048 needs sft.pack=true", "sft.batch_tokens=0"),
 ])
 def test_invalid_combinations_give_reason_and_fix(overrides, reason, fix):
     with pytest.raises(ConfigError) as err:
@@ -83,6 +84,8 @@ def test_sft_schedule_reaches_the_trainer():
     assert demo.decay_steps == 0 and demo.warmup_steps == 10  # the demo: constant after warmup
     cosine = sft_trainer_config(load_config(None, ["sft.schedule=cosine", "sft.steps=100"]))
     assert cosine.decay_steps == 90
+    # The demo packs 128-position rows although RL's rows start at 160.
+    assert (demo.pack_length, demo.min_seq_bucket) == (128, 128)
 
 
 def test_fixing_one_field_in_the_same_override_set_is_accepted():

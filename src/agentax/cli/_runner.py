@@ -109,8 +109,9 @@ def sft_trainer_config(cfg: RunConfig):
     s = cfg.sft
     return replace(cfg.trainer, learning_rate=s.learning_rate, warmup_steps=s.warmup_steps,
                    decay_steps=max(s.steps - s.warmup_steps, 0) if s.schedule == "cosine" else 0,
-                   micro_batch_size=s.micro_batch_size,
-                   pack=s.pack, pack_length=max(s.pack_length, cfg.trainer.min_seq_bucket),
+                   micro_batch_size=s.micro_batch_size, pack=s.pack, pack_length=s.pack_length,
+                   min_seq_bucket=(min(s.pack_length, cfg.trainer.min_seq_bucket) if s.pack
+                                   else cfg.trainer.min_seq_bucket),
                    agg_mode="token-mean", policy_loss="ppo", off_policy="none")
 
 
@@ -126,12 +127,11 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
     trainer = SFTTrainer(model, sft_trainer_config(cfg))
     view = rep.view(cfg.sft.steps, ("loss", "accuracy"), "sft")
     every = max(1, cfg.sft.steps // 10)
-    n, b = len(examples), cfg.sft.batch_size
     last: dict[str, Any] = {}
     t0 = time.perf_counter()
     for i in range(cfg.sft.steps):
-        start = trainer.data_position % n
-        metrics = trainer.step([examples[(start + j) % n] for j in range(b)])
+        metrics = trainer.step(trainer.take(examples, batch_size=cfg.sft.batch_size,
+                                            batch_tokens=cfg.sft.batch_tokens))
         if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
             last = {f"sft/{k}": v for k, v in metrics.to_dict().items() if k in ("loss", "accuracy")}
             rep.log(i + 1, {"phase": "sft", **last})

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 
 from agentax.models import Transformer
 from agentax.train._base import TrainerBase
-from agentax.train._batch import HostSequence
+from agentax.train._batch import HostSequence, _first_fit_decreasing, seq_bucket
 from agentax.train._config import TrainerConfig
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
 from agentax.train._step import NonFiniteUpdateError
@@ -136,6 +136,51 @@ class SFTTrainer(TrainerBase):
                           num_positions=int(sum(mb.batch.input_ids.size for mb in mbs)),
                           num_micro_batches=len(mbs), truncated_sequences=truncated)
 
+    def take(self, examples: Sequence[Any], *, batch_size: int = 0,
+             batch_tokens: int = 0) -> list:
+        """The next step's examples, from `data_position` on (cycling through `examples`).
+
+        Args:
+          examples: the whole dataset, in order.
+          batch_size: that many examples (when batch_tokens is 0).
+          batch_tokens: instead, as many examples as pack into `batch_tokens // row` rows of
+            `row` positions (pack_length, capped at max_seq_len), first-fit decreasing as
+            `step` packs them: every step then has the same shape and little padding. Needs
+            `pack=True`. An example longer than a row still goes, alone.
+        """
+        n = len(examples)
+        if not n:
+            raise ValueError("SFTTrainer.take got no examples")
+        start = self.data_position % n
+        if not batch_tokens:
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            return [examples[(start + j) % n] for j in range(batch_size)]
+        c = self.config
+        if not c.pack:
+            raise ValueError("batch_tokens packs examples into rows: set pack=True in the "
+                             "TrainerConfig (or use batch_size)")
+        # The row length `step` packs into (build_micro_batches' bucket of pack_length).
+        row = seq_bucket(c.pack_length, min_len=c.min_seq_bucket, max_len=c.max_seq_len,
+                         multiple=c.seq_bucket_multiple)
+        rows = batch_tokens // row
+        if rows < 1:
+            raise ValueError(f"batch_tokens={batch_tokens} is less than one row of {row} "
+                             "positions; raise it or lower pack_length")
+        lengths: list[int] = []
+        total = 0
+        # Positions bound the count from above; first-fit decreasing then decides.
+        while len(lengths) < n:
+            ex = _as_sequence(examples[(start + len(lengths)) % n])
+            k = min(ex.token_ids.shape[0], c.max_seq_len + 1) - 1
+            if lengths and total + k > rows * row:
+                break
+            lengths.append(k)
+            total += k
+        while len(lengths) > 1 and len(_first_fit_decreasing(lengths, row)) > rows:
+            lengths.pop()
+        return [examples[(start + j) % n] for j in range(len(lengths))]
+
     def sync_counters(self) -> None:
         """Fetches the skip flags of past steps and corrects step_count / num_skipped_steps."""
         if self._pending:
@@ -150,12 +195,14 @@ class SFTTrainer(TrainerBase):
                     "applied. Lower sft.learning_rate or check the data, or set "
                     "trainer.on_nonfinite=skip to skip such steps")
 
-    def fit(self, examples: Sequence[Any], *, batch_size: int, num_steps: int,
-            log_every: int = 0, log=print) -> list[dict[str, float]]:
+    def fit(self, examples: Sequence[Any], *, num_steps: int, batch_size: int = 0,
+            batch_tokens: int = 0, log_every: int = 0, log=print) -> list[dict[str, float]]:
         """Runs `num_steps` steps over `examples` in order (cycling), from `data_position`.
 
-        Resuming from a checkpoint continues with the same examples. Returns the metrics of
-        every `log_every`-th step (fetched then; 0 = only the last step).
+        Each step takes `batch_size` examples, or with `batch_tokens` as many as pack into
+        that many positions (see `take`). Resuming from a checkpoint continues with the same
+        examples. Returns the metrics of every `log_every`-th step (fetched then; 0 = only the
+        last step).
         """
         if not examples:
             raise ValueError("SFTTrainer.fit got no examples")
@@ -163,9 +210,8 @@ class SFTTrainer(TrainerBase):
         last = None
         t0 = time.perf_counter()
         for i in range(num_steps):
-            start = self.data_position % len(examples)
-            idx = [(start + j) % len(examples) for j in range(batch_size)]
-            last = self.step([examples[j] for j in idx])
+            last = self.step(self.take(examples, batch_size=batch_size,
+                                       batch_tokens=batch_tokens))
             if log_every and (i + 1) % log_every == 0:
                 d = last.to_dict() | {"elapsed_s": time.perf_counter() - t0}
                 history.append(d)
