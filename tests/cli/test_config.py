@@ -60,7 +60,7 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     (["sampling.temperature=0"], "identical", "sampling.temperature>0"),
     (["engine.max_seq_len=100"], "holds the whole episode", "engine.max_seq_len"),
     (["trainer.max_seq_len=64", "trainer.min_seq_bucket=64"], "would be cut",
-     "trainer.max_seq_len=150"),
+     "trainer.max_seq_len=128"),
     (["tasks.factory=null"], "no tasks", "tasks.train_file=PATH"),
     (["tasks.train_file=x.jsonl"], "both set", "tasks.factory=null"),
     (["env.factory=agentax.envs:TaskEnvironment"], "belong to the calculator demo",

@@ -279,15 +279,17 @@ def _demo_sampling() -> SamplingParams:
     return SamplingParams(temperature=1.0, max_tokens=64)
 
 def _demo_collector() -> CollectorConfig:
-    return CollectorConfig(max_turns=3, max_episode_tokens=150, model_timeout_s=120.0,
+    # A right episode is at most ~112 tokens (question, call, result, answer); 128, not 150,
+    # lets the trainer's rows be 128 long: RL steps ~20% cheaper (p50 0.33 s against 0.41 s).
+    return CollectorConfig(max_turns=3, max_episode_tokens=128, model_timeout_s=120.0,
                            episode_timeout_s=300.0)
 
 def _demo_trainer() -> TrainerConfig:
     # 1e-3 with Adam (whose steps do not shrink with the tiny RL gradients) unlearned the SFT
     # model's copying of the tool result within a few steps; 2e-4 improves it steadily, and
     # 3e-4 ends 2-5 points higher sampled on seeds 0-2 in the same 40 steps (4e-4: seed 2 worse).
-    return TrainerConfig(learning_rate=3e-4, micro_batch_size=32, max_seq_len=160,
-                         min_seq_bucket=160, seq_bucket_multiple=32, off_policy="tis",
+    return TrainerConfig(learning_rate=3e-4, micro_batch_size=32, max_seq_len=128,
+                         min_seq_bucket=128, seq_bucket_multiple=32, off_policy="tis",
                          is_cap=2.0)
 
 def _demo_pipeline() -> PipelineConfig:
