@@ -84,8 +84,11 @@ def test_sft_schedule_reaches_the_trainer():
     assert demo.decay_steps == 0 and demo.warmup_steps == 10  # the demo: constant after warmup
     cosine = sft_trainer_config(load_config(None, ["sft.schedule=cosine", "sft.steps=100"]))
     assert cosine.decay_steps == 90
-    # The demo packs 128-position rows although RL's rows start at 160.
     assert (demo.pack_length, demo.min_seq_bucket) == (128, 128)
+    # SFT rows are not lengthened to RL's shortest bucket: they stay pack_length long.
+    long_rl = sft_trainer_config(load_config(None, ["trainer.max_seq_len=192",
+                                                    "trainer.min_seq_bucket=160"]))
+    assert (long_rl.pack_length, long_rl.min_seq_bucket) == (128, 128)
 
 
 def test_fixing_one_field_in_the_same_override_set_is_accepted():

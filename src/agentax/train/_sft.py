@@ -144,9 +144,9 @@ class SFTTrainer(TrainerBase):
           examples: the whole dataset, in order.
           batch_size: that many examples (when batch_tokens is 0).
           batch_tokens: instead, as many examples as pack into `batch_tokens // row` rows of
-            `row` positions (pack_length, capped at max_seq_len), first-fit decreasing as
-            `step` packs them: every step then has the same shape and little padding. Needs
-            `pack=True`. An example longer than a row still goes, alone.
+            `row` positions (pack_length, bucketed as `step` buckets rows), first-fit
+            decreasing as `step` packs them: every step then has the same shape and little
+            padding. Needs `pack=True`. An example longer than a row still goes, alone.
         """
         n = len(examples)
         if not n:
