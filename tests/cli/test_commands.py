@@ -14,7 +14,7 @@ from agentax.trace import read_metrics
 
 # A miniature of the demo: every stage runs, nothing is expected to learn.
 TINY = [
-    "sft.steps=2", "sft.batch_size=8", "sft.num_demos=32", "run.steps=1",
+    "sft.steps=2", "sft.batch_size=8", "sft.batch_tokens=0", "sft.num_demos=32", "run.steps=1",
     "tasks.num_train=64", "tasks.num_eval=4",
     "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=8",
     "pipeline.filters=[]",  # an untrained policy gets 0 everywhere: keep its groups

@@ -70,6 +70,8 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     (["model.vocab_size=1000"], "byte tokenizer", "model.vocab_size=272"),
     (["sft.schedule=linear"], "choose one of 'cosine', 'constant'", ""),
     (["sft.pack=false"], "sft.batch_tokens=2048 needs sft.pack=true", "sft.batch_tokens=0"),
+    (["sft.batch_size=64"], "both set", "sft.batch_tokens=0 for 64 demonstrations a step"),
+    (["sft.batch_tokens=0"], "set sft.batch_size", "or sft.batch_tokens"),
 ])
 def test_invalid_combinations_give_reason_and_fix(overrides, reason, fix):
     with pytest.raises(ConfigError) as err:

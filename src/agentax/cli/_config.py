@@ -189,7 +189,7 @@ class SFTConfig:
     steps: int = 0
     """SFT optimizer steps; 0 = no warm start."""
     batch_size: int = 48
-    """Demonstrations per step (when batch_tokens is 0)."""
+    """Demonstrations per step; 0 when batch_tokens is set (exactly one of the two is)."""
     batch_tokens: int = 0
     """With pack: each step takes as many demonstrations as pack into this many positions
     (rows of pack_length, first-fit decreasing) instead of batch_size: one step shape, little
@@ -217,14 +217,25 @@ class SFTConfig:
     """JSONL of chat demonstrations ({"messages": [...]} a line) instead of generated ones."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.micro_batch_size < 1:
-            raise ConfigError("sft.steps must be >= 0 and sft.batch_size, sft.micro_batch_size >= 1")
+        if self.steps < 0 or self.batch_size < 0 or self.batch_tokens < 0 \
+                or self.micro_batch_size < 1:
+            raise ConfigError("sft.steps, sft.batch_size and sft.batch_tokens must be >= 0, "
+                              "sft.micro_batch_size >= 1")
         if self.learning_rate <= 0:
             raise ConfigError(f"sft.learning_rate must be > 0, got {self.learning_rate}")
+        # Exactly one: a batch_size set on top of the demo's batch_tokens must not be ignored.
+        if self.batch_size and self.batch_tokens:
+            raise ConfigError(
+                f"sft.batch_size={self.batch_size} and sft.batch_tokens={self.batch_tokens} are "
+                f"both set: keep one (sft.batch_tokens=0 for {self.batch_size} demonstrations a "
+                f"step, or sft.batch_size=0 for steps of {self.batch_tokens} packed positions)")
+        if not (self.batch_size or self.batch_tokens):
+            raise ConfigError("set sft.batch_size (demonstrations a step) or sft.batch_tokens "
+                              "(packed positions a step)")
         if self.batch_tokens and (not self.pack or self.batch_tokens < self.pack_length):
             raise ConfigError(f"sft.batch_tokens={self.batch_tokens} needs sft.pack=true and at "
                               f"least one row of sft.pack_length={self.pack_length} positions; "
-                              "set sft.batch_tokens=0 to take sft.batch_size demonstrations")
+                              "or take a fixed count: sft.batch_tokens=0 sft.batch_size=N")
         _check_path("sft.demos", self.demos)
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"sft.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
@@ -332,7 +343,7 @@ class RunConfig:
     # on 2 cores, where 24 demonstrations a step padded to 16 rows of 160 (71 % filled) took
     # 142 ms. 330 steps x ~23 = one pass over 7600 demonstrations.
     sft: SFTConfig = dataclasses.field(default_factory=lambda: SFTConfig(
-        steps=330, batch_size=24, batch_tokens=2048, pack_length=128, learning_rate=3e-3,
+        steps=330, batch_size=0, batch_tokens=2048, pack_length=128, learning_rate=3e-3,
         warmup_steps=10, schedule="constant", num_demos=7600))
     """Supervised warm start."""
     eval: EvalConfig = dataclasses.field(default_factory=lambda: EvalConfig(samples=4))
