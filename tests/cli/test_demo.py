@@ -1,6 +1,6 @@
 """The embedded demo, shortened, end to end: SFT warm start, async GRPO, held-out evaluation.
 
-The full SFT warm start (as `agentax train` runs it) and 16 of its 40 RL steps: about 90 s on
+The full SFT warm start (as `agentax train` runs it) and 16 of its 30 RL steps: about 90 s on
 two CPU cores, the price of checking that the out-of-the-box demo really learns.
 """
 

@@ -58,7 +58,7 @@ class RunSection:
     """Run directory name under runs_dir; empty = a timestamp (e.g. 20250101-120000-train)."""
     runs_dir: str = "runs"
     """Parent folder of run directories."""
-    steps: int = 40
+    steps: int = 30
     """RL optimizer steps (the total, counted across resumes)."""
     checkpoint_every: int = 0
     """Save a trainer checkpoint every k RL steps; 0 = only at the end."""
