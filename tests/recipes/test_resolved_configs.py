@@ -71,7 +71,8 @@ def test_a_changed_demo_default_names_the_recipes_that_inherit_it():
     pinned = yaml.safe_load(SNAPSHOT.read_text())
     now = copy.deepcopy(pinned)
     now["demo"]["sft.batch_tokens"] += 1  # as if the demo's default had been retuned
-    heirs = [n for n in RECIPES if n != "calculator" and "sft.batch_tokens" not in now["recipes"][n]]
+    heirs = [n for n in RECIPES
+             if n != "calculator" and "sft.batch_tokens" not in now["recipes"][n]]
     assert _problems(pinned, now) == [
         f"demo default sft.batch_tokens: {pinned['demo']['sft.batch_tokens']!r} -> "
         f"{pinned['demo']['sft.batch_tokens'] + 1!r}; inherited by: {', '.join(heirs)}"]
