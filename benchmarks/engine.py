@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import tempfile
@@ -333,17 +334,19 @@ def bench_decode_filled(model, *, batch=32, prompt_len=16, new_tokens=108, pairs
     }
 
 
-def bench_config_sweep(model, prompts, lengths, slots, chunk, sweep, rounds=2):
+def bench_config_sweep(model, prompts, lengths, base, sweep, rounds=2):
     """Tokens/s of the lognormal workload per engine setting (alternated rounds, each after
-    a warm-up run): `steps_N` fuses N decode steps per call, `chunk_N` prefills N-token chunks."""
+    a warm-up run): `steps_N` fuses N decode steps per call, `chunk_N` prefills N-token chunks,
+    `rows_N` prefills at most N requests a call; each changes one field of `base`."""
     params = [SamplingParams(max_tokens=n, seed=i) for i, n in enumerate(lengths)]
 
     def config(name):
         kind, n = name.rsplit("_", 1)
-        kw = dict(max_slots=slots, max_seq_len=288, prefill_chunk=chunk, precompile=True)
-        kw.update({"steps": dict(decode_steps_per_call=int(n)),
-                   "chunk": dict(prefill_chunk=int(n), min_prefill_bucket=16)}[kind])
-        return EngineConfig(**kw)
+        n = int(n)
+        change = {"steps": dict(decode_steps_per_call=n),
+                  "chunk": dict(prefill_chunk=n, min_prefill_bucket=min(n, base.min_prefill_bucket)),
+                  "rows": dict(max_prefill_rows=n)}[kind]
+        return dataclasses.replace(base, **change)
 
     engines = {name: Engine(model, config(name)) for name in sweep}
     times = {name: [] for name in sweep}
@@ -492,13 +495,16 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
     }
 
 
-def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats, chunk=64,
-               filled_pairs=3, min_chunk=16):
+def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats,
+               filled_pairs=3):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
     # precompile: every shape the traffic may meet (which row/span buckets a run meets
     # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
-    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=chunk,
-                          min_prefill_bucket=min_chunk, precompile=True)
+    # Prefill calls of at most 8 rows (as the demo's engine) in chunks of 32 or 64: 18 kernels.
+    # Until 2026-12-02 rows went up to max_slots and chunks down to 16 (38 kernels, ~60 s of
+    # compile on a slow 2-core host); the sweep's rows_32 keeps that engine's prefill.
+    config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=64,
+                          min_prefill_bucket=32, max_prefill_rows=8, precompile=True)
     rng = np.random.default_rng(0)
     out = {}
     with Engine(model, config) as engine:
@@ -522,7 +528,7 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
     if steps_sweep:
-        out.update(bench_config_sweep(model, prompts, lengths, slots, chunk, steps_sweep))
+        out.update(bench_config_sweep(model, prompts, lengths, config, steps_sweep))
     return out
 
 
@@ -539,17 +545,16 @@ def main() -> None:
         print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))
         return
     if args.quick:
-        # The full run's engine (prefill chunk 64, buckets from 16: the same 38 kernels) on a
-        # shorter workload. Until 2026-12-01 quick used one 32-token chunk bucket to precompile
-        # less (29 s, 14 kernels), but then it timed other prefill kernels than the full run:
-        # with the prefill calls that pad least its continuous_over_static read 1.85-2.02 quiet
-        # while the full run read 2.09; with the full run's engine 2.08 and 2.03 (51-52 s).
+        # The full run's engine (the same 18 kernels) on a shorter workload. On 2026-12-01
+        # quick briefly used an engine of its own that compiled less, but then it timed other
+        # prefill kernels than the full run and its continuous_over_static disagreed with it
+        # (1.85-2.02 against 2.09): quick and full share one engine config since.
         plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
                              repeats=3, filled_pairs=3)}
     else:
         plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
                              steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",
-                                          "chunk_16", "chunk_32", "chunk_128"),
+                                          "chunk_16", "chunk_32", "chunk_128", "rows_32"),
                              repeats=3, filled_pairs=5)}
         if args.with_small:
             # One pair: a small-preset decode step is ~150 ms on the shared CPU.
