@@ -343,8 +343,9 @@ def bench_config_sweep(model, prompts, lengths, base, sweep, rounds=2):
     def config(name):
         kind, n = name.rsplit("_", 1)
         n = int(n)
+        smallest = min(n, base.min_prefill_bucket)
         change = {"steps": dict(decode_steps_per_call=n),
-                  "chunk": dict(prefill_chunk=n, min_prefill_bucket=min(n, base.min_prefill_bucket)),
+                  "chunk": dict(prefill_chunk=n, min_prefill_bucket=smallest),
                   "rows": dict(max_prefill_rows=n)}[kind]
         return dataclasses.replace(base, **change)
 

@@ -25,11 +25,12 @@ def _huge_page_env() -> dict[str, str] | None:
         return None
     try:
         libc, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        recent = tuple(map(int, version.split(".")[:2])) >= (2, 35)
         with open(_THP) as f:
             thp = f.read()
-    except (ValueError, OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # not glibc, odd version, no THP
         return None
-    if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
+    if libc != "glibc" or not recent:
         return None
     if "[madvise]" not in thp:  # "always": malloc gets huge pages already; "never": none
         return None

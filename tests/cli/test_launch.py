@@ -38,6 +38,7 @@ def test_huge_pages_are_asked_for_only_where_they_help(host):
     assert host(mode="always madvise [never]") is None
     assert host(glibc="glibc 2.34") is None  # no such tunable before 2.35
     assert host(glibc="musl 1.2") is None
+    assert host(glibc="glibc 2.x") is None
     assert host(tunables="glibc.malloc.hugetlb=0") is None  # the user's choice stands
 
 
