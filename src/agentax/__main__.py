@@ -44,7 +44,7 @@ def main() -> int:
     if env is not None:
         try:
             os.execve(sys.executable, sys.orig_argv, env)
-        except OSError:
+        except (OSError, ValueError):  # no executable to re-run, or no argv to re-run it with
             pass  # run as we are
     from agentax.cli import main as cli_main
 
