@@ -34,6 +34,9 @@ Workloads (same model, same kernels, measured in one run, per model preset):
 * kv_bytes_per_token_held, sequences_in_budget_slots / _paged_computed — KV memory per token
   the workload's sequences really hold in the slot layout, and how many such sequences the
   same bytes hold as slots vs as 16-token pages (the paged figure is computed, not run).
+* --ring-study — decode call cost (8 steps) of a Gemma-like tiny model (5 sliding layers of
+  window 64, 1 global) with 16 slots at 1,900 tokens of 2,048: sliding layers held as rings of
+  window + 127 positions (the engine's layout) vs the whole slot; `ring_study_full_over_ring`.
 * --paging-study — decode step cost of a paged KV cache (16-token pages, block table,
   gathered pages) over the span-bucket layout, same model and span (docs/engine.md).
 
@@ -363,6 +366,50 @@ def bench_config_sweep(model, prompts, lengths, base, sweep, rounds=2):
     return {f"tokens_per_s_{name}": sum(lengths) / float(np.median(t)) for name, t in times.items()}
 
 
+def ring_study(batch=16, filled=1900, max_seq_len=2048, window=64, chunk=128, calls=24):
+    """Decode call cost (8 fused steps, wall and process CPU ms, median of interleaved calls) on
+    a Gemma-like tiny model (5 sliding layers of `window` + 1 global) with every slot at
+    `filled` tokens: sliding layers as rings of window + chunk - 1 (the engine's layout) vs
+    holding the whole slot (the layout before rings)."""
+    from agentax.engine._kernels import ModelDef, decode_steps
+    from agentax.engine._sampling import RowSampling
+    from agentax.models import init_cache, kv_cache_bytes
+
+    cfg = ModelConfig.tiny(num_layers=6, sliding_window=window,
+                           layer_types=("sliding",) * 5 + ("full",))
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    leaves, treedef = jax.tree.flatten(state)
+    model_def = ModelDef(graphdef, treedef)
+    caches = {"ring": init_cache(cfg, batch, max_seq_len, max_tokens_per_call=chunk),
+              "full": init_cache(cfg, batch, max_seq_len)}
+    st = jnp.asarray(np.stack([np.ones(batch, np.int32), np.full(batch, filled, np.int32),
+                               np.ones(batch, np.int32), np.full(batch, 1 << 20, np.int32)]))
+    samp = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
+                       jnp.zeros(batch, jnp.uint32))
+    stop = jnp.full((batch, 8), -1, jnp.int32)
+    wall = {k: [] for k in caches}
+    cpu = {k: [] for k in caches}
+    for i in range(calls + 1):  # the first call of each compiles
+        for name in caches:
+            t, c = time.perf_counter(), time.process_time()
+            *out, caches[name] = decode_steps(model_def, leaves, caches[name], st, samp, stop, 8,
+                                              max_seq_len)
+            jax.block_until_ready(out)
+            if i:
+                wall[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+    med = {f"{k}_{n}": 1e3 * float(np.median(d[n])) for k, d in (("wall", wall), ("cpu", cpu))
+           for n in caches}
+    return {
+        "ring_study_full_over_ring": med["wall_full"] / med["wall_ring"],
+        "ring_study_full_over_ring_cpu": med["cpu_full"] / med["cpu_ring"],
+        "ring_study_ring_ms": med["wall_ring"], "ring_study_full_ms": med["wall_full"],
+        "ring_study_kv_bytes_ring": kv_cache_bytes(cfg, batch, max_seq_len,
+                                                   max_tokens_per_call=chunk),
+        "ring_study_kv_bytes_full": kv_cache_bytes(cfg, batch, max_seq_len),
+    }
+
+
 # ---------------------------------------------------------------------- paging study
 
 
@@ -538,9 +585,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
     parser.add_argument("--with-small", action="store_true",
                         help="full run: also the ~20M preset (adds ~15 min on 2 cores)")
+    parser.add_argument("--ring-study", action="store_true",
+                        help="only compare sliding-window rings with whole-slot sliding layers")
     parser.add_argument("--paging-study", action="store_true",
                         help="only compare a paged KV cache with span buckets (docs/engine.md)")
     args = parser.parse_args()
+    if args.ring_study:
+        print(json.dumps({k: round(v, 4) for k, v in ring_study().items()}))
+        return
     if args.paging_study:
         model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
         print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))

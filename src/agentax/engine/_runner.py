@@ -42,13 +42,13 @@ class Runner:
         device = next(iter(self.weights[0].devices()))
         # The cache too: an uncommitted first cache compiled the first prefill shape twice
         # (once for the fresh cache, once for the committed one the kernel returns).
+        # Sliding-window layers hold rings sized for the longest call (a prefill chunk or a
+        # fused decode call), not the whole slot.
+        ring = dict(dtype=cfg.cache_dtype,
+                    max_tokens_per_call=max(cfg.prefill_chunk, cfg.decode_steps_per_call))
         self.cache = jax.device_put(
-            init_cache(model.config, cfg.max_slots, cfg.max_seq_len, dtype=cfg.cache_dtype),
-            device,
-        )
-        self.kv_cache_bytes = kv_cache_bytes(
-            model.config, cfg.max_slots, cfg.max_seq_len, dtype=cfg.cache_dtype
-        )
+            init_cache(model.config, cfg.max_slots, cfg.max_seq_len, **ring), device)
+        self.kv_cache_bytes = kv_cache_bytes(model.config, cfg.max_slots, cfg.max_seq_len, **ring)
         self._sampling_version = -1
         self._sampling_dev: tuple[RowSampling, jax.Array] | None = None
         self._pending: tuple[list, int] | None = None

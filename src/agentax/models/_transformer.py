@@ -11,6 +11,12 @@ Two forward paths:
   reads only the first `attend_len` positions of each slot: the engine passes a bucket that
   covers the longest active sequence, so a step costs what the sequences hold, not what a
   slot could hold.
+
+Sliding-window layers can hold a ring instead of the whole slot (`init_cache(...,
+max_tokens_per_call=N)`): position p sits at index p mod R, R = window + N - 1, which keeps
+every position a query of a call of at most N tokens may see, even after the call has
+written its own tokens. Gemma 3's 512-token windows then hold 512 + N - 1 positions per slot
+instead of `max_seq_len`.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ __all__ = ["Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_
 class KVCache(NamedTuple):
     """Per-layer key/value buffers: `k[l]`, `v[l]` are [S, K, T_max, H].
 
+    A sliding-window layer held as a ring is [S, K, R, H] (R < T_max; position p sits at
+    index p mod R).
+
     Head-major: attention reads `[S, K, :L, H]`, a contiguous prefix per head, so neither the
     write nor the read needs a transposed copy of the cache (the [S, T, K, H] layout made XLA
     copy the whole cache four times per decode step on CPU)."""
@@ -51,7 +60,8 @@ class KVCache(NamedTuple):
 
     @property
     def max_seq_len(self) -> int:
-        return int(self.k[0].shape[2])
+        """Positions a slot holds (ring layers hold fewer; at least one layer holds all)."""
+        return max(int(c.shape[2]) for c in self.k)
 
     def fresh(self, steps: int) -> "KVCache":
         """Zeroed per-layer [S, K, steps, H] buffers for the K/V of one fused decode call."""
@@ -61,31 +71,70 @@ class KVCache(NamedTuple):
     def write_fresh(self, fresh: "KVCache", start_b: jax.Array, counts_b: jax.Array) -> "KVCache":
         """Writes the first `counts_b[s]` steps of `fresh` into slot s at start_b[s] onwards."""
         steps = fresh.k[0].shape[2]
+        t_max = self.max_seq_len
         j = jnp.arange(steps)[None, :]
-        positions = jnp.where(j < counts_b[:, None], start_b[:, None] + j, self.max_seq_len)  # [S, F]
+        positions = jnp.where(j < counts_b[:, None], start_b[:, None] + j, t_max)  # [S, F]
         rows = jnp.arange(self.num_slots)[:, None]
 
-        def write(c, f):  # c[rows, :, positions] is [S, F, K, H]
-            return c.at[rows, :, positions].set(f.transpose(0, 2, 1, 3), mode="drop")
+        def write(c, f):  # c[rows, :, index] is [S, F, K, H]
+            index = _cache_index(positions, c.shape[2], t_max)
+            return c.at[rows, :, index].set(f.transpose(0, 2, 1, 3), mode="drop")
 
         return KVCache(tuple(map(write, self.k, fresh.k)), tuple(map(write, self.v, fresh.v)))
 
 
-def init_cache(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None) -> KVCache:
-    """A zeroed KV cache for `num_slots` sequences of up to `max_seq_len` tokens."""
+def cache_lengths(config: ModelConfig, max_seq_len: int,
+                  max_tokens_per_call: int | None = None) -> tuple[int, ...]:
+    """Positions each layer's cache holds: `max_seq_len`, or for a sliding-window layer with
+    `max_tokens_per_call` given, a ring of window + max_tokens_per_call - 1 when that is
+    shorter (and some layer still holds the whole slot, which fixes its length)."""
+    full = [max_seq_len] * config.num_layers
+    if max_tokens_per_call is None:
+        return tuple(full)
+    if max_tokens_per_call < 1:
+        raise ValueError(f"max_tokens_per_call must be >= 1, got {max_tokens_per_call}")
+    windows = [config.layer_window(i) for i in range(config.num_layers)]
+    ring = [min(max_seq_len, w + max_tokens_per_call - 1) if w else max_seq_len for w in windows]
+    return tuple(ring) if max_seq_len in ring else tuple(full)
+
+
+def init_cache(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None,
+               max_tokens_per_call: int | None = None) -> KVCache:
+    """A zeroed KV cache for `num_slots` sequences of up to `max_seq_len` tokens.
+
+    With `max_tokens_per_call` (the most tokens one `forward_cached` call feeds a row, and the
+    most steps of a fused decode call), sliding-window layers hold rings (`cache_lengths`).
+    """
     dtype = jnp.dtype(dtype or config.dtype)
-    shape = (num_slots, config.num_kv_heads, max_seq_len, config.head_dim)
+    shapes = [(num_slots, config.num_kv_heads, n, config.head_dim)
+              for n in cache_lengths(config, max_seq_len, max_tokens_per_call)]
     return KVCache(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        k=tuple(jnp.zeros(shape, dtype) for shape in shapes),
+        v=tuple(jnp.zeros(shape, dtype) for shape in shapes),
     )
 
 
-def kv_cache_bytes(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None) -> int:
+def kv_cache_bytes(config: ModelConfig, num_slots: int, max_seq_len: int, dtype=None,
+                   max_tokens_per_call: int | None = None) -> int:
     """Bytes `init_cache` would allocate."""
     itemsize = jnp.dtype(dtype or config.dtype).itemsize
-    per_layer = num_slots * max_seq_len * config.num_kv_heads * config.head_dim * itemsize
-    return 2 * config.num_layers * per_layer
+    positions = sum(cache_lengths(config, max_seq_len, max_tokens_per_call))
+    return 2 * num_slots * positions * config.num_kv_heads * config.head_dim * itemsize
+
+
+def _cache_index(positions, length: int, t_max: int):
+    """Where positions sit in a layer cache of `length` (a ring when < t_max); positions >=
+    t_max map past the end, so a `mode="drop"` write skips them."""
+    if length == t_max:
+        return positions
+    return jnp.where(positions < t_max, positions % length, length)
+
+
+def _ring_positions(length_b, ring: int):
+    """[B, R]: the position ring index j holds once a row holds positions [0, length_b):
+    the latest p < length_b with p = j mod R (negative: nothing written there yet)."""
+    last = length_b[:, None] - 1
+    return last - (last - jnp.arange(ring)[None, :]) % ring
 
 
 def positions_from_segments(segment_ids_bt: jax.Array) -> jax.Array:
@@ -166,37 +215,56 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(b, t, -1))
 
     def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-               last_only=False):
+               last_only=False, *, t_max=None):
         """Writes every token's K/V to the cache and attends from each token; with `last_only`
         only the last token of each row goes through o_proj (returns [B, 1, D]). Slicing the
-        queries instead saved a little more work but compiled 25 % slower (XLA CPU)."""
+        queries instead saved a little more work but compiled 25 % slower (XLA CPU).
+
+        `t_max` is the slot length (positions >= it write nothing); a layer cache shorter than
+        it is a ring (see `cache_lengths`), which holds what this call's queries may see as
+        long as a row feeds at most length - window + 1 tokens."""
         q, k, v = self.qkv(x_btd, positions_bt)
         b, t = positions_bt.shape
+        length = k_cache.shape[2]
+        t_max = length if t_max is None else t_max
+        ring = length < t_max
+        if ring and t > length - self.window + 1:
+            raise ValueError(
+                f"a call of {t} tokens a row overruns this sliding layer's ring of {length} "
+                f"positions (window {self.window}): size the cache for it "
+                f"(init_cache(..., max_tokens_per_call={t}))")
         if slot_ids_b is None:  # all slots, in order (decode)
             rows = jnp.arange(k_cache.shape[0])[:, None]
         else:
             rows = slot_ids_b[:, None]
-        # [S, K, T_max, H] indexed at [rows, :, positions]: the update is [B, T, K, H].
-        k_cache = k_cache.at[rows, :, positions_bt].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[rows, :, positions_bt].set(v.astype(v_cache.dtype), mode="drop")
-        span = k_cache.shape[2] if attend_len is None else attend_len
+        # [S, K, T_max, H] indexed at [rows, :, index]: the update is [B, T, K, H].
+        index = _cache_index(positions_bt, length, t_max)
+        k_cache = k_cache.at[rows, :, index].set(k.astype(k_cache.dtype), mode="drop")
+        v_cache = v_cache.at[rows, :, index].set(v.astype(v_cache.dtype), mode="drop")
+        span = length if attend_len is None else min(attend_len, length)
         if slot_ids_b is None:
             k_all, v_all = k_cache[:, :, :span], v_cache[:, :, :span]  # [B, K, L, H]
         else:
             k_all, v_all = k_cache[slot_ids_b, :, :span], v_cache[slot_ids_b, :, :span]
-        k_pos = jnp.arange(span)
-        mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, L]
+        if ring:  # what each index holds once the row's positions up to its last are written
+            fed = jnp.max(jnp.where(positions_bt < t_max, positions_bt + 1, 0), axis=1)
+            k_pos = _ring_positions(fed, length)[:, None, :span]  # [B, 1, L]
+            mask = (k_pos >= 0) & self.window_mask(positions_bt[:, :, None], k_pos)
+        else:
+            k_pos = jnp.arange(span)
+            mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, L]
         out = cached_attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
         if last_only:
             out, t = out[:, -1:], 1
         return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
 
     def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
-                    attend_len):
+                    attend_len, *, t_max=None):
         """Step `step` of a fused decode call; reads the cache, writes only `k_new`/`v_new`.
 
         `k_new`/`v_new` [B, K, F, H] hold the K/V of this call's steps (index j is position
-        start_b + j); the cache holds every position before start_b.
+        start_b + j); the cache holds every position before start_b (a ring layer, shorter
+        than `t_max`, the last ones of them).
         """
         q, k, v = self.qkv(x_b1d, positions_b[:, None])
         k_new = jax.lax.dynamic_update_slice(
@@ -204,12 +272,18 @@ class Attention(nnx.Module):
         v_new = jax.lax.dynamic_update_slice(
             v_new, v.transpose(0, 2, 1, 3).astype(v_new.dtype), (0, 0, step, 0))
         q_pos = positions_b[:, None]
-        k_pos = jnp.arange(attend_len)[None, :]
-        mask = (k_pos < start_b[:, None]) & self.window_mask(q_pos, k_pos)  # [B, L]
+        length = k_cache.shape[2]
+        span = min(attend_len, length)
+        if t_max is not None and length < t_max:  # a ring
+            k_pos = _ring_positions(start_b, length)[:, :span]
+            mask = (k_pos >= 0) & self.window_mask(q_pos, k_pos)  # [B, L]
+        else:
+            k_pos = jnp.arange(span)[None, :]
+            mask = (k_pos < start_b[:, None]) & self.window_mask(q_pos, k_pos)  # [B, L]
         j = jnp.arange(k_new.shape[2])[None, :]
         mask_new = (j <= step) & self.window_mask(q_pos, start_b[:, None] + j)  # [B, F]
         out = two_part_attention(
-            q[:, 0], k_cache[:, :, :attend_len], v_cache[:, :, :attend_len], mask, k_new, v_new,
+            q[:, 0], k_cache[:, :, :span], v_cache[:, :, :span], mask, k_new, v_new,
             mask_new, scale=self.scale, softcap=self.softcap,
         )
         return self.o_proj(out[:, None]), k_new, v_new
@@ -249,20 +323,20 @@ class Block(nnx.Module):
         return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, allowed_btt))
 
     def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-               last_only=False):
+               last_only=False, *, t_max=None):
         a, k_cache, v_cache = self.attn.cached(
             self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-            last_only,
+            last_only, t_max=t_max,
         )
         if last_only:  # only the last token goes on: [B, 1, D]
             x_btd = x_btd[:, -1:]
         return self._finish(x_btd, a), k_cache, v_cache
 
     def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
-                    attend_len):
+                    attend_len, *, t_max=None):
         a, k_new, v_new = self.attn.decode_step(
             self.attn_norm(x_b1d), positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
-            attend_len,
+            attend_len, t_max=t_max,
         )
         return self._finish(x_b1d, a), k_new, v_new
 
@@ -385,7 +459,7 @@ class Transformer(nnx.Module):
         for i, (block, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
             x, k_cache, v_cache = block.cached(
                 x, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-                last_only and i == last,
+                last_only and i == last, t_max=cache.max_seq_len,
             )
             new_k.append(k_cache)
             new_v.append(v_cache)
@@ -427,7 +501,8 @@ class Transformer(nnx.Module):
             self.layers, cache.k, cache.v, fresh.k, fresh.v
         ):
             x, k_new, v_new = block.decode_step(
-                x, positions_b, k_cache, v_cache, k_new, v_new, step, start_b, attend_len
+                x, positions_b, k_cache, v_cache, k_new, v_new, step, start_b, attend_len,
+                t_max=cache.max_seq_len,
             )
             new_k.append(k_new)
             new_v.append(v_new)
