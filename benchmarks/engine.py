@@ -366,13 +366,24 @@ def bench_config_sweep(model, prompts, lengths, base, sweep, rounds=2):
     return {f"tokens_per_s_{name}": sum(lengths) / float(np.median(t)) for name, t in times.items()}
 
 
+def _active_decode_args(batch, filled):
+    """decode_steps' state, sampling and stop table: every slot active at position `filled`,
+    greedy, no stop ids, no token budget in reach."""
+    from agentax.engine._sampling import RowSampling
+
+    st = jnp.asarray(np.stack([np.ones(batch, np.int32), np.full(batch, filled, np.int32),
+                               np.ones(batch, np.int32), np.full(batch, 1 << 20, np.int32)]))
+    samp = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
+                       jnp.zeros(batch, jnp.uint32))
+    return st, samp, jnp.full((batch, 8), -1, jnp.int32)
+
+
 def ring_study(batch=16, filled=1900, max_seq_len=2048, window=64, chunk=128, calls=24):
     """Decode call cost (8 fused steps, wall and process CPU ms, median of interleaved calls) on
     a Gemma-like tiny model (5 sliding layers of `window` + 1 global) with every slot at
     `filled` tokens: sliding layers as rings of window + chunk - 1 (the engine's layout) vs
     holding the whole slot (the layout before rings)."""
     from agentax.engine._kernels import ModelDef, decode_steps
-    from agentax.engine._sampling import RowSampling
     from agentax.models import init_cache, kv_cache_bytes
 
     cfg = ModelConfig.tiny(num_layers=6, sliding_window=window,
@@ -382,11 +393,7 @@ def ring_study(batch=16, filled=1900, max_seq_len=2048, window=64, chunk=128, ca
     model_def = ModelDef(graphdef, treedef)
     caches = {"ring": init_cache(cfg, batch, max_seq_len, max_tokens_per_call=chunk),
               "full": init_cache(cfg, batch, max_seq_len)}
-    st = jnp.asarray(np.stack([np.ones(batch, np.int32), np.full(batch, filled, np.int32),
-                               np.ones(batch, np.int32), np.full(batch, 1 << 20, np.int32)]))
-    samp = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
-                       jnp.zeros(batch, jnp.uint32))
-    stop = jnp.full((batch, 8), -1, jnp.int32)
+    st, samp, stop = _active_decode_args(batch, filled)
     wall = {k: [] for k in caches}
     cpu = {k: [] for k in caches}
     for i in range(calls + 1):  # the first call of each compiles
@@ -447,7 +454,6 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, steps=64, page=1
     engine's contiguous head-major cache read over a span bucket vs a paged cache (16-token
     pages, a block table, pages gathered for attention), both attending over 128 positions."""
     from agentax.engine._kernels import ModelDef, decode_steps
-    from agentax.engine._sampling import RowSampling
     from agentax.models import init_cache
 
     cfg = model.config
@@ -455,11 +461,7 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, steps=64, page=1
     leaves, treedef = jax.tree.flatten(state)
     model_def = ModelDef(graphdef, treedef)
     cache = init_cache(cfg, batch, max_seq_len)
-    st = jnp.asarray(np.stack([np.ones(batch, np.int32), np.full(batch, filled, np.int32),
-                               np.ones(batch, np.int32), np.full(batch, 1 << 20, np.int32)]))
-    samp = RowSampling(jnp.zeros(batch), jnp.zeros(batch, jnp.int32), jnp.ones(batch),
-                       jnp.zeros(batch, jnp.uint32))
-    stop = jnp.full((batch, 8), -1, jnp.int32)
+    st, samp, stop = _active_decode_args(batch, filled)
     per_seq = max_seq_len // page
     pool_shape = (batch * per_seq, cfg.num_kv_heads, page, cfg.head_dim)
     k_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
