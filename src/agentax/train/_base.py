@@ -20,7 +20,7 @@ from agentax.models import Transformer
 from agentax.train._batch import Batch, HostSequence, MicroBatch, build_micro_batches
 from agentax.train._config import TrainerConfig
 from agentax.train._lora import apply_lora, merge_lora
-from agentax.train._optim import make_optimizer, make_schedule
+from agentax.train._optim import lr_schedule, make_optimizer, schedule_value
 from agentax.train._sharding import (
     DEFAULT_PARTITION_RULES,
     batch_sharding,
@@ -92,7 +92,7 @@ class TrainerBase:
             tree, rest = jax.device_put((tree, rest), self._batch_sharding)
         self._params, self._rest = tree, rest
         self._tx = make_optimizer(config)
-        self._schedule = make_schedule(config)
+        self._lr_schedule = lr_schedule(config)
         opt_acc = init_optimizer(self._params, tx=self._tx)
         # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
         # optimizer state's paths end in the parameter paths, so the same rules place it.
@@ -107,6 +107,7 @@ class TrainerBase:
                                  if mesh is not None else None)
         self._replicated = (NamedSharding(mesh, P()) if mesh is not None
                             else self._batch_sharding)
+        self._schedule_arg = jax.device_put(self._lr_schedule, self._replicated)
         self._row_multiple = data_parallel_size(mesh)
         self._compiles = CompileCounter()
         self.step_count = 0
@@ -175,7 +176,7 @@ class TrainerBase:
     @property
     def learning_rate(self) -> float:
         """Learning rate of the next update."""
-        return float(self._schedule(self.step_count))
+        return float(schedule_value(self.step_count, self._lr_schedule))
 
     def num_params(self, trainable_only: bool = True) -> int:
         tree = self._params if trainable_only else (self._params, self._rest)
@@ -216,7 +217,8 @@ class TrainerBase:
             metrics.append(m)
         self._compiles.record("apply_update", None)
         self._params, self._opt_state, self._acc, stats = apply_update(
-            self._params, self._opt_state, self._acc, counts["tokens"], tx=self._tx,
+            self._params, self._opt_state, self._acc, counts["tokens"], self._schedule_arg,
+            tx=self._tx,
             state_shardings=self._state_shardings)
         return metrics, stats
 

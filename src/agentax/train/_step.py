@@ -26,6 +26,7 @@ from flax import nnx
 from agentax import algos
 from agentax.train._batch import Batch
 from agentax.train._config import TrainerConfig
+from agentax.train._optim import schedule_count, schedule_value
 
 __all__ = ["GraphDefs", "CompileCounter", "NonFiniteUpdateError", "accumulate_grads",
            "apply_update", "score_tokens", "compute_advantages", "init_optimizer", "SUM_METRICS"]
@@ -170,9 +171,13 @@ def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, a
 
 @functools.partial(jax.jit, static_argnames=("tx", "state_shardings"),
                    donate_argnames=("params", "opt_state", "acc"))
-def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransformation,
-                 state_shardings: tuple | None = None):
+def apply_update(params, opt_state, acc, num_tokens, schedule, *,
+                 tx: optax.GradientTransformation, state_shardings: tuple | None = None):
     """One optimizer update; skipped when loss/grads/update are not finite or nothing trained.
+
+    `tx` is the learning-rate-free transformation of `make_optimizer`; the step is scaled by
+    `schedule_value(count, schedule)` here, so the schedule (`lr_schedule(config)`, a float32
+    [4] array) is data, not part of the compiled kernel.
 
     Returns:
       (params, opt_state, zeroed acc for the next step, {"grad_norm", "applied", "loss"}).
@@ -181,7 +186,9 @@ def apply_update(params, opt_state, acc, num_tokens, *, tx: optax.GradientTransf
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(acc["loss"]) & jnp.isfinite(grad_norm) & (num_tokens > 0)
     safe_grads = jax.tree.map(lambda g: jnp.where(ok, g, 0.0), grads)
+    lr = schedule_value(schedule_count(opt_state), schedule, xp=jnp)
     updates, new_opt = tx.update(safe_grads, opt_state, params)
+    updates = jax.tree.map(lambda u: lr.astype(u.dtype) * u, updates)  # as optax scales
     # A finite gradient can still give a non-finite update (a NaN learning rate or epsilon).
     ok = ok & jnp.isfinite(optax.global_norm(updates))
     new_params = optax.apply_updates(params, updates)
