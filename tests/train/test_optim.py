@@ -13,6 +13,7 @@ from agentax.train._optim import lr_schedule, make_optimizer, schedule_value
 from agentax.train._step import apply_update
 from tests.train.conftest import make_groups, make_model
 
+
 def _schedule_reference(config: TrainerConfig) -> optax.Schedule:
     """The schedule built from optax's own schedules (what agentax used before the lr was data)."""
     peak, warmup, decay = config.learning_rate, config.warmup_steps, config.decay_steps
@@ -24,7 +25,6 @@ def _schedule_reference(config: TrainerConfig) -> optax.Schedule:
         return optax.join_schedules(
             [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
     return optax.constant_schedule(peak)
-
 
 
 SCHEDULES = [dict(learning_rate=3e-3),
