@@ -92,7 +92,6 @@ class TrainerBase:
             tree, rest = jax.device_put((tree, rest), self._batch_sharding)
         self._params, self._rest = tree, rest
         self._tx = make_optimizer(config)
-        self._lr_schedule = lr_schedule(config)
         opt_acc = init_optimizer(self._params, tx=self._tx)
         # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
         # optimizer state's paths end in the parameter paths, so the same rules place it.
@@ -107,7 +106,7 @@ class TrainerBase:
                                  if mesh is not None else None)
         self._replicated = (NamedSharding(mesh, P()) if mesh is not None
                             else self._batch_sharding)
-        self._schedule_arg = jax.device_put(self._lr_schedule, self._replicated)
+        self._schedule_arg = jax.device_put(lr_schedule(config), self._replicated)
         self._row_multiple = data_parallel_size(mesh)
         self._compiles = CompileCounter()
         self.step_count = 0
@@ -176,7 +175,7 @@ class TrainerBase:
     @property
     def learning_rate(self) -> float:
         """Learning rate of the next update."""
-        return float(schedule_value(self.step_count, self._lr_schedule))
+        return float(schedule_value(self.step_count, lr_schedule(self.config)))
 
     def num_params(self, trainable_only: bool = True) -> int:
         tree = self._params if trainable_only else (self._params, self._rest)
