@@ -130,6 +130,38 @@ def test_shutdown_fails_pending_requests(engine):
         run(engine.generate([1]))
 
 
+_EXIT_MID_DECODE = """
+import asyncio
+from flax import nnx
+from agentax.engine import Engine, EngineConfig
+from agentax.models import ModelConfig, Transformer
+from agentax.records import SamplingParams
+model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=128, intermediate_size=256,
+                                     num_heads=2, num_kv_heads=1, head_dim=64), rngs=nnx.Rngs(0))
+engine = Engine(model, EngineConfig(max_slots=4, max_seq_len=1024, prefill_chunk=128))
+async def main():
+    await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # compiled: the loop is hot
+    for _ in range(4):
+        asyncio.ensure_future(engine.generate([1, 2, 3] * 50, SamplingParams(max_tokens=800)))
+    await asyncio.sleep(0.5)
+asyncio.run(main())
+print("leaving with requests in flight", flush=True)
+"""
+
+
+def test_exiting_without_shutdown_mid_decode_exits_cleanly():
+    # The step thread is a daemon: left inside a device call while the interpreter finalizes,
+    # it aborted the process (SIGABRT, "terminate called ... exception not rethrown") — 5 of 5
+    # runs before the engine shut itself down at exit.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _EXIT_MID_DECODE], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "leaving with requests in flight" in proc.stdout
+
+
 def test_a_failing_step_loop_fails_pending_requests_and_refuses_new_work(engine):
     def broken_decode():
         raise RuntimeError("device on fire")

@@ -16,10 +16,12 @@ prefill calls (usually one), run one decode call (`decode_steps_per_call` fused 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +48,17 @@ __all__ = ["Engine", "EngineError", "EngineClosed", "PromptTooLong", "SequenceEr
 
 log = logging.getLogger(__name__)
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register  # registered after jax's own exit hooks, so it runs before them
+def _shutdown_live_engines() -> None:
+    # A daemon step thread still inside a device call when the interpreter finalizes aborts
+    # the process ("terminate called ... FATAL: exception not rethrown": the thread is made to
+    # exit while it re-takes the GIL in C++). Stop every engine its owner did not shut down.
+    for engine in list(_LIVE):
+        engine.shutdown()
+
 
 class Engine:
     """Continuous-batching generation engine.
@@ -59,7 +72,7 @@ class Engine:
       policy_version: version of the initial weights (tagged on every token they produce).
 
     The engine starts its step thread at construction; call `shutdown()` (or use it as a
-    context manager) to stop it. If the step thread dies, every waiting and later request
+    context manager) to stop it (at interpreter exit, engines still running are shut down). If the step thread dies, every waiting and later request
     fails at once with `EngineError` (its cause chained); `engine.error` holds the cause.
     """
 
@@ -104,6 +117,7 @@ class Engine:
         self._telemetry = Telemetry(tracer)
 
         self._thread = threading.Thread(target=self._run, name="agentax-engine", daemon=True)
+        _LIVE.add(self)
         self._thread.start()
 
     # ================================================================== public API
