@@ -176,3 +176,19 @@ def test_loop_watchdog_names_the_blocking_environment(make_run):
     run = make_run(SleepsOnTheLoop)
     error = _stopped(run.pipeline(loop_block_limit_s=0.5), "loop_blocked", trains=True)
     assert "SleepsOnTheLoop.reset" in str(error) and "pipeline.loop_block_limit_s" in str(error)
+
+
+def test_loop_watchdog_thread_has_ended_when_stop_returns():
+    # The thread holds `on_block` (the pipeline and its device arrays). Left to end on its own,
+    # it dropped them while the interpreter finalized, which aborted examples/swe_task.py at
+    # exit (SIGABRT in a jax array's destructor) in 2 of 16 runs on a loaded host.
+    from agentax.pipeline._breaker import LoopWatchdog
+
+    async def cycle():
+        dog = LoopWatchdog(10.0, lambda error: None)
+        dog.start()
+        await asyncio.sleep(0)
+        dog.stop()
+        return dog._thread.is_alive()
+
+    assert not any(asyncio.run(cycle()) for _ in range(20))

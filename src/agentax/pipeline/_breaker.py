@@ -225,9 +225,16 @@ class LoopWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops the beat and joins the thread (it wakes at once). Joined, not left to end on
+        its own: the thread holds `on_block` (the pipeline and, through it, device arrays), and
+        a daemon thread that drops the last reference to a device array while the interpreter
+        finalizes aborts the process (SIGABRT in the array's C++ destructor)."""
         self._stop.set()
         if self._handle is not None:
             self._handle.cancel()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
 
     def _tick(self) -> None:
         self._beat = time.monotonic()
