@@ -7,18 +7,29 @@ runs them on its own pool (`stage_executor("env" | "tool" | "reward")`), so:
 * the pools are bounded (`set_stage_threads`), so runaway concurrency cannot spawn threads
   without limit — a call beyond the bound waits for a free thread (and its caller's timeout);
 * the worker threads are daemon threads: a call abandoned after its timeout keeps its thread
-  busy, but never keeps the process from exiting (the standard `ThreadPoolExecutor` joins its
-  threads at interpreter exit, so one hung call would hang the process forever).
+  busy, but delays the process's exit by at most `EXIT_WAIT_S` (the standard
+  `ThreadPoolExecutor` joins its threads at interpreter exit, so one hung call would hang the
+  process forever).
 
 Python cannot kill a thread, so an abandoned call runs until it returns on its own; its thread
 is counted in `StageExecutor.busy` meanwhile.
+
+At interpreter exit, calls still running get up to `EXIT_WAIT_S` to return. A daemon thread
+that is inside native code (a jitted JAX step of a JAX environment or reward model) when the
+interpreter finalizes aborts the whole process (SIGABRT, "terminate called ... exception not
+rethrown") — after a run that succeeded. A call still running after the wait is named in a
+warning, and the process exits without it.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import logging
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +37,30 @@ __all__ = ["STAGES", "StageExecutor", "set_stage_threads", "stage_executor"]
 
 STAGES = ("env", "tool", "reward")
 _DEFAULT_THREADS = {"env": 32, "tool": 32, "reward": 16}
+EXIT_WAIT_S = 5.0
+
+log = logging.getLogger(__name__)
+_ALL: weakref.WeakSet = weakref.WeakSet()  # every executor that started a thread
+
+
+def _wait_for_running_calls() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        busy = {ex.name: ex.busy for ex in list(_ALL) if ex.busy}
+        if not busy:
+            return
+        time.sleep(0.01)
+    log.warning("exiting with calls still running on stage threads after %g s (%s); if one "
+                "is inside native code the process may abort", EXIT_WAIT_S,
+                ", ".join(f"{k} {v}" for k, v in busy.items()))
+
+
+def _watch_at_exit(executor: StageExecutor) -> None:
+    _ALL.add(executor)
+    # Re-registered at each thread start so that it runs before the exit hooks of libraries
+    # imported since (atexit runs last-registered first): jax's hook clears its backends.
+    atexit.unregister(_wait_for_running_calls)
+    atexit.register(_wait_for_running_calls)
 
 
 class StageExecutor(concurrent.futures.Executor):
@@ -61,6 +96,7 @@ class StageExecutor(concurrent.futures.Executor):
                 )
                 self._threads.append(thread)
                 self._idle += 1
+                _watch_at_exit(self)
                 thread.start()
             self._work.put((future, fn, args, kwargs))
         return future

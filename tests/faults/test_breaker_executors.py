@@ -107,3 +107,31 @@ def test_a_process_with_a_hung_sync_step_still_exits():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["step:", "timeout", "done"]
+
+
+def test_a_process_exits_cleanly_while_a_stage_call_runs_jax():
+    # A JAX reward (or environment step) still running on a daemon stage thread when the
+    # interpreter finalized aborted the process (SIGABRT, 4 of 4 runs) after a good run; the
+    # exit now waits for it (at most EXIT_WAIT_S).
+    script = textwrap.dedent("""
+        import time
+        import jax, jax.numpy as jnp
+        from agentax._executors import stage_executor
+
+        f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
+        a = jnp.ones((512, 512))
+        f(a).block_until_ready()
+
+        def reward():  # device work for 2 s, the process leaves after 0.3 s
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                f(a).block_until_ready()
+            return 1.0
+
+        stage_executor("reward").submit(reward)
+        time.sleep(0.3)
+        print("leaving")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["leaving"]
