@@ -72,8 +72,9 @@ class Engine:
       policy_version: version of the initial weights (tagged on every token they produce).
 
     The engine starts its step thread at construction; call `shutdown()` (or use it as a
-    context manager) to stop it (at interpreter exit, engines still running are shut down). If the step thread dies, every waiting and later request
-    fails at once with `EngineError` (its cause chained); `engine.error` holds the cause.
+    context manager) to stop it; engines still running at interpreter exit are shut down then.
+    If the step thread dies, every waiting and later request fails at once with `EngineError`
+    (its cause chained); `engine.error` holds the cause.
     """
 
     def __init__(
