@@ -136,14 +136,15 @@ from flax import nnx
 from agentax.engine import Engine, EngineConfig
 from agentax.models import ModelConfig, Transformer
 from agentax.records import SamplingParams
-model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=128, intermediate_size=256,
-                                     num_heads=2, num_kv_heads=1, head_dim=64), rngs=nnx.Rngs(0))
-engine = Engine(model, EngineConfig(max_slots=4, max_seq_len=1024, prefill_chunk=128))
+model = Transformer(ModelConfig.tiny(num_layers=1, hidden_size=64, intermediate_size=128,
+                                     num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
+engine = Engine(model, EngineConfig(max_slots=2, max_seq_len=128, prefill_chunk=64))
+params = SamplingParams(max_tokens=120)
 async def main():
-    await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # compiled: the loop is hot
-    for _ in range(4):
-        asyncio.ensure_future(engine.generate([1, 2, 3] * 50, SamplingParams(max_tokens=800)))
-    await asyncio.sleep(0.5)
+    await engine.generate([1, 2, 3], params)  # compiles every shape the requests below use
+    for _ in range(256):  # seconds of decoding on two slots
+        asyncio.ensure_future(engine.generate([1, 2, 3], params))
+    await asyncio.sleep(0.3)
 asyncio.run(main())
 print("leaving with requests in flight", flush=True)
 """

@@ -83,8 +83,11 @@ def test_sync_step_times_out_and_marks_env_broken():
 def test_a_process_with_a_hung_sync_step_still_exits():
     script = textwrap.dedent("""
         import asyncio, threading
+        import agentax._executors
         from agentax.envs import EnvError, ensure_async_env
         from agentax.records import Action, Observation, Task
+
+        agentax._executors.EXIT_WAIT_S = 0.5  # how long the exit waits for the hung call
 
         class Env:
             def reset(self, task):
@@ -107,6 +110,7 @@ def test_a_process_with_a_hung_sync_step_still_exits():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["step:", "timeout", "done"]
+    assert "still running on stage threads after 0.5 s (env 1)" in out.stderr
 
 
 def test_a_process_exits_cleanly_while_a_stage_call_runs_jax():
@@ -122,8 +126,8 @@ def test_a_process_exits_cleanly_while_a_stage_call_runs_jax():
         a = jnp.ones((512, 512))
         f(a).block_until_ready()
 
-        def reward():  # device work for 2 s, the process leaves after 0.3 s
-            end = time.monotonic() + 2.0
+        def reward():  # device work for 1 s, the process leaves after 0.3 s
+            end = time.monotonic() + 1.0
             while time.monotonic() < end:
                 f(a).block_until_ready()
             return 1.0

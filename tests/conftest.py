@@ -1,0 +1,9 @@
+"""Session-wide test settings."""
+
+
+def pytest_configure(config):
+    # Some tests leave a sync call hung on a stage thread on purpose (tests/faults); at exit the
+    # test process waits for such calls at most this long, not the 5 s a real run gives one.
+    import agentax._executors
+
+    agentax._executors.EXIT_WAIT_S = 0.5
