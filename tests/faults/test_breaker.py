@@ -181,7 +181,7 @@ def test_loop_watchdog_names_the_blocking_environment(make_run):
 def test_loop_watchdog_thread_has_ended_when_stop_returns():
     # The thread holds `on_block` (the pipeline and its device arrays). Left to end on its own,
     # it dropped them while the interpreter finalized, which aborted examples/swe_task.py at
-    # exit (SIGABRT in a jax array's destructor) in 2 of 16 runs on a loaded host.
+    # exit (SIGABRT in a jax array's destructor) in 4 of 25 runs, two at a time.
     from agentax.pipeline._breaker import LoopWatchdog
 
     async def cycle():
