@@ -79,3 +79,26 @@ def test_rows_are_independent_and_keyed_by_seed_and_position():
     a = sample(BATCH, rows(seed=1), POSITIONS)[0]
     b = sample(BATCH, rows(seed=2), POSITIONS)[0]
     assert np.mean(np.asarray(a) != np.asarray(b)) > 0.3
+
+
+def test_noise_is_uniform_and_uncorrelated_across_seeds_positions_and_tokens():
+    """The hash noise as uniforms: flat over 32 bins, and no correlation between neighbouring
+    seeds, positions or token indices (the counters that differ least)."""
+    from agentax.engine._sampling import _gumbel
+
+    seeds, positions, vocab = 64, 64, 272
+    s, p = np.meshgrid(np.arange(seeds), np.arange(positions), indexing="ij")
+    g = jax.jit(_gumbel, static_argnums=2)(jnp.asarray(s.ravel(), jnp.uint32),
+                                           jnp.asarray(p.ravel()), vocab)
+    u = np.exp(-np.exp(-np.asarray(g, np.float64))).reshape(seeds, positions, vocab)
+    assert 0.0 < u.min() and u.max() < 1.0
+    counts = np.bincount((u.ravel() * 32).astype(int), minlength=32)
+    expected = u.size / 32
+    assert ((counts - expected) ** 2 / expected).sum() < 70  # chi2, 31 dof: p ~ 1e-4
+    for a, b in ((u[1:], u[:-1]), (u[:, 1:], u[:, :-1]), (u[..., 1:], u[..., :-1])):
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.01  # sd ~ 0.001
+    # Pairs of neighbouring positions fill a 2-D grid evenly (joint, not just marginal).
+    joint = np.bincount((u[:, 1:] * 8).astype(int).ravel() * 8
+                        + (u[:, :-1] * 8).astype(int).ravel(), minlength=64)
+    expected = joint.sum() / 64
+    assert ((joint - expected) ** 2 / expected).sum() < 120  # chi2, 63 dof: p ~ 1e-5
