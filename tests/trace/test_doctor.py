@@ -94,3 +94,23 @@ def test_decode_slowdown_while_training_turns_staleness_advice_into_a_warning(tm
     assert _shared_compute({"training_slowdown": 1.0, "host": {"jax_backend": "gpu"}}) == ""
     assert "share the same 2 cores" in _shared_compute(
         {"training_slowdown": None, "host": {"jax_backend": "cpu", "cpu_cores": 2}})
+
+
+def test_engine_utilisation_is_over_the_engine_window_not_a_warm_start_before_it(tmp_path):
+    # 10 s without generation (an SFT warm start), then 2 s in which the engine decodes 1.5 s
+    # with 4 of 8 slots active: busy 75 %, not 1.5 / 12.
+    now = [10**9]
+    tracer = Tracer(clock=lambda: now[0])
+    tracer.start(tmp_path)
+    with tracer.span("sft", track=names.TRAINER_TRACK):
+        now[0] += 10 * 10**9
+    tracer.counter(names.ENGINE_ACTIVE_SLOTS, 4)
+    for step in range(3):
+        now[0] += 250_000_000 if step else 0
+        with tracer.span(names.DECODE_STEP, track=names.ENGINE_TRACK):
+            now[0] += 500_000_000
+    tracer.close()
+    report = doctor.analyze(tmp_path)
+    assert report.wall_s == pytest.approx(12.0, rel=1e-3)
+    assert report.engine_busy_fraction == pytest.approx(0.75, rel=1e-3)
+    assert report.engine_mean_active == pytest.approx(4.0)

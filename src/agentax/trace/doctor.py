@@ -70,8 +70,8 @@ class DoctorReport:
     wall_s: float
     stages: tuple[StageTime, ...]
     latencies: tuple[Latency, ...]
-    engine_busy_fraction: float | None  # time with >= 1 active slot (or decode/model call)
-    engine_full_fraction: float | None  # time with every slot busy
+    engine_busy_fraction: float | None  # >= 1 active slot (or decode/model call), over the
+    engine_full_fraction: float | None  # every slot busy; engine's window (first to last call)
     engine_mean_active: float | None
     engine_mean_waiting: float | None  # time-weighted mean of requests waiting for a slot
     trainer_busy_fraction: float | None  # train + publish, over the trainer's lifetime
@@ -117,12 +117,15 @@ def _staleness(trace: TraceData, metrics: list[dict]) -> dict[int, int]:
 
 
 def _engine(trace: TraceData, by_name, t0: int, t1: int, max_slots: Any):
+    # Over the engine's working window, not a phase without generation (an SFT warm start).
+    kernels = by_name[names.DECODE_STEP] + by_name[names.PREFILL]
+    if spans := kernels + by_name[names.MODEL_CALL]:
+        t0, t1 = max(t0, min(s for s, _ in spans)), min(t1, max(e for _, e in spans))
     wall = max(t1 - t0, 1)
     active = trace.counters.get(names.ENGINE_ACTIVE_SLOTS, ())
     waiting = trace.counters.get(names.ENGINE_WAITING, ())
-    busy = full = mean_active = mean_waiting = None
-    if by_name.get(names.DECODE_STEP) or by_name.get(names.PREFILL):
-        busy = length(by_name.get(names.DECODE_STEP, []) + by_name.get(names.PREFILL, [])) / wall
+    mean_active = mean_waiting = full = None
+    busy = length(kernels) / wall if kernels else None
     if active:
         mean_active, pieces = step_series_stats(active, t0, t1)
         if busy is None:
@@ -132,7 +135,7 @@ def _engine(trace: TraceData, by_name, t0: int, t1: int, max_slots: Any):
         full = sum(e - s for s, e, v in pieces if v >= cap) / wall if cap > 0 else 0.0
     if waiting:
         mean_waiting, _ = step_series_stats(waiting, t0, t1)
-    if busy is None and by_name.get(names.MODEL_CALL):
+    if busy is None and by_name[names.MODEL_CALL]:
         busy = length(by_name[names.MODEL_CALL]) / wall
     return busy, full, mean_active, mean_waiting
 
@@ -247,9 +250,9 @@ def _pct(x: float | None) -> str:
 def format_report(report: DoctorReport) -> str:
     """The report as text: stages, utilisation, latencies, staleness, verdict."""
     lines = [f"agentax doctor: {report.run_dir}",
-             f"wall time {report.wall_s:.2f} s, {report.episodes} episodes, "
-             f"{report.train_steps} train steps, {report.metrics_records} metrics records", ""]
-    lines.append("Wall time by stage          active    share   summed  count")
+             f"wall time {report.wall_s:.2f} s, {report.episodes} episodes, {report.train_steps} "
+             f"train steps, {report.metrics_records} metrics records", "",
+             "Wall time by stage          active    share   summed  count"]
     for st in report.stages:
         lines.append(f"  {st.name:<22} {st.active_s:9.2f} s {_pct(st.active_fraction)} "
                      f"{st.total_s:8.1f} s {st.count:6d}")
@@ -277,11 +280,9 @@ def format_report(report: DoctorReport) -> str:
         lines.append(f"  {lat.name:<22} {lat.count:8d} {lat.p50_s:8.3f} {lat.p95_s:8.3f} "
                      f"{lat.p99_s:8.3f} {lat.max_s:8.3f}")
     lines += ["", "Staleness (versions behind: count)"]
-    if report.staleness:
-        total = sum(report.staleness.values())
-        lines += [f"  {k:>3}: {v:6d}  {100 * v / total:5.1f}%" for k, v in report.staleness.items()]
-    else:
-        lines.append("  no staleness samples")
+    total = sum(report.staleness.values()) or 1
+    lines += [f"  {k:>3}: {v:6d}  {100 * v / total:5.1f}%" for k, v in report.staleness.items()
+              ] or ["  no staleness samples"]
     knobs = ", ".join(f"{k}={v}" for k, v in report.knobs.items())
     lines += ["", f"Knobs: {knobs}", "", f"Bottleneck: {report.bottleneck}",
               f"Verdict: {report.verdict}", f"Suggestion: {report.suggestion}"]

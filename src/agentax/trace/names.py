@@ -43,8 +43,7 @@ ARG_EPISODE_ID = "episode_id"  # on EPISODE
 ARG_STATUS = "status"  # on EPISODE: trajectory status (ok, timeout, env_error, ...)
 ARG_POLICY_VERSION = "policy_version"  # on TRAIN_STEP / WEIGHT_PUBLISH: version after the step
 ARG_STALENESS = "staleness"  # on TRAIN_STEP: max staleness of the consumed groups (fallback)
-ARG_ERROR = "error"  # set by the tracer when a span exits with an exception; on TOOL_CALL: why
-#                     the call failed (timeout, crashed, unknown_tool, ...)
+ARG_ERROR = "error"  # a span's exception (set by the tracer); on TOOL_CALL: why it failed
 ARG_OK = "ok"  # on TOOL_CALL: whether the call succeeded (ToolResult.ok)
 
 
