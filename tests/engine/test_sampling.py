@@ -102,3 +102,31 @@ def test_noise_is_uniform_and_uncorrelated_across_seeds_positions_and_tokens():
                         + (u[:, :-1] * 8).astype(int).ravel(), minlength=64)
     expected = joint.sum() / 64
     assert ((joint - expected) ** 2 / expected).sum() < 120  # chi2, 63 dof: p ~ 1e-5
+
+
+def _truncate_reference(x, k, p):
+    """The sort-based definition: top-k, then the top-p nucleus of the renormalised top-k
+    (a token is kept while the mass strictly above it is < p), ties with the last kept kept."""
+    order = np.sort(x)[::-1]
+    k = len(x) if k <= 0 else min(k, len(x))
+    in_k = x >= order[k - 1]
+    probs = np.exp(np.where(in_k, x, -np.inf) - x.max())
+    probs /= probs.sum()
+    kept = [v for v in np.unique(x[in_k]) if probs[x > v].sum() < p] or [x.max()]
+    return np.where(in_k & (x >= min(kept)), x, -np.inf)
+
+
+def test_truncation_matches_the_sort_based_definition_with_ties_and_extremes():
+    from agentax.engine._sampling import _truncate
+
+    rng = np.random.default_rng(0)
+    b, v = 64, 40
+    x = rng.normal(size=(b, v)).astype(np.float32) * 3
+    x[::4] = np.round(x[::4])  # many ties
+    x[1::8, :5] = -np.inf  # masked tokens
+    x[2] = 1.5  # all equal
+    k = rng.integers(0, 12, size=b).astype(np.int32)
+    p = rng.choice([0.0, 0.3, 0.6, 0.9, 0.99, 1.0], size=b).astype(np.float32)
+    got = np.asarray(jax.jit(_truncate)(jnp.asarray(x), jnp.asarray(k), jnp.asarray(p)))
+    for i in range(b):
+        np.testing.assert_array_equal(got[i], _truncate_reference(x[i], k[i], p[i]), f"row {i}")
