@@ -63,8 +63,9 @@ def _order_key(x: jax.Array) -> jax.Array:
 
 def _bisect_keys(keys_bv: jax.Array, below: Callable[[jax.Array], jax.Array]) -> jax.Array:
     """Per row, the smallest key u (a [B] uint32) with `below(u)` true, for a `below` that is
-    monotone in u (false ... false true ... true) and true at the row's largest key: 32
-    halvings of the key range, exact, no sort."""
+    monotone in u (false ... false true ... true): 32 halvings of the key range, exact, no
+    sort. A row where `below` is false even at its largest key gets that key (top-p <= 0
+    keeps the top token)."""
     lo = jnp.min(keys_bv, axis=-1)  # the answer lies in [lo, hi]
     hi = jnp.max(keys_bv, axis=-1)
 
