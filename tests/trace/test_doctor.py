@@ -98,7 +98,7 @@ def test_decode_slowdown_while_training_turns_staleness_advice_into_a_warning(tm
 
 def test_engine_utilisation_is_over_the_engine_window_not_a_warm_start_before_it(tmp_path):
     # 10 s without generation (an SFT warm start), then 2 s in which the engine decodes 1.5 s
-    # with 4 of 8 slots active: busy 75 %, not 1.5 / 12.
+    # with 4 slots active: busy 75 %, not 1.5 / 12.
     now = [10**9]
     tracer = Tracer(clock=lambda: now[0])
     tracer.start(tmp_path)
