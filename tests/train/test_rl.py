@@ -12,6 +12,7 @@ from flax import nnx
 
 from agentax import algos
 from agentax.config import ConfigError
+from agentax.models import Transformer
 from agentax.records import Group
 from agentax.train import NonFiniteUpdateError, RLTrainer, TrainerConfig
 from tests.train.conftest import MICRO, base_config, make_groups, make_model, make_traj
@@ -142,6 +143,32 @@ def test_gae_value_head_kl_and_decoupled_ppo_epochs(model):
     m2 = trainer.step(groups)
     assert m2.kl > 0
     assert trainer.compiles_by_kernel["score_tokens"] == 2  # proximal/values + reference
+
+
+def test_precompiled_trainer_takes_later_weights_and_steps_without_compiling(model):
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **_: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    # kl_coef > 0: the default reference must follow the loaded weights. clip_eps_low is
+    # unique to this test, so no other test compiled these kernels.
+    cfg = base_config(kl_coef=0.1, clip_eps_low=0.123)
+    later = make_model(3)
+    early = RLTrainer(model, cfg)
+    early.precompile(make_groups(seed=8))  # any groups of the same shapes
+    assert compiles and early.step_count == early.data_position == 0
+    early.load_weights(later)
+    before = len(compiles)
+    m = early.step(make_groups(seed=9))
+    assert len(compiles) == before  # the step ran on the precompiled kernels
+    direct = RLTrainer(later, cfg)
+    d = direct.step(make_groups(seed=9))
+    assert m.kl == d.kl == 0.0  # the reference is the loaded policy, not the first one
+    assert (m.loss, m.grad_norm, m.policy_version) == (d.loss, d.grad_norm, d.policy_version)
+    for x, y in zip(_leaves(early._params), _leaves(direct._params)):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="architecture"):
+        early.load_weights(Transformer(dataclasses.replace(MICRO, num_layers=2)))
 
 
 def test_params_for_engine_is_a_plain_state_on_fresh_buffers(model):

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +47,13 @@ from agentax.cli._rundir import (
 )
 from agentax.cli._signals import Interrupted, StopGuard
 from agentax.config import replace
+from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
 from agentax.trace import MetricsLogger, get_tracer
 
 __all__ = ["Reporter", "run_eval", "run_sft", "run_train"]
+
+log = logging.getLogger(__name__)
 
 
 class Reporter:
@@ -202,18 +208,22 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         summary: dict[str, Any] = {"run_dir": str(run_dir), "task": suite.name}
         engine = None
         try:
+            trainer = RLTrainer(model, cfg.trainer)
             if found is None and cfg.sft.steps:
-                # The engine's kernels depend on shapes, not weights: build it now and let its
-                # step thread compile every shape while SFT trains, then hand it the weights.
+                # Kernels depend on shapes, not weights: the engine's step thread and a thread
+                # of ours compile the engine's and the RL trainer's while SFT trains (its steps
+                # leave most of a second core idle); then both get the SFT weights.
                 engine = build_engine(replace(cfg, engine=replace(cfg.engine, precompile=True)),
                                       model, tokenizer)
+                compiling = _precompile_rl(cfg, trainer, after=engine.wait_compiled)
                 sft, last = warm_start(cfg, model, tokenizer, suite, rep)
                 model = sft.export_model()
                 engine.update_weights(model, 0)
+                compiling.join()
+                trainer.load_weights(model)
                 summary["sft"] = last
                 rep.say(f"sft: {cfg.sft.steps} steps in {rep.timings['sft_s']:.1f} s, "
                         f"loss {last.get('sft/loss', float('nan')):.3f}")
-            trainer = RLTrainer(model, cfg.trainer)
             if found is not None:
                 position = restore_newest(run_dir, trainer, say=rep.say)
                 cut = cut_metrics(run_dir, position)
@@ -246,6 +256,32 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     rep.say(f"done in {summary['wall_s']:.1f} s; run directory {run_dir}")
     return summary
+
+
+def _precompile_rl(cfg: RunConfig, trainer, *, after: Callable[[], Any]) -> threading.Thread:
+    """Starts compiling the RL step's kernels on a thread once `after()` returns, for groups
+    of the configured size whose episodes use the whole token budget (shorter real ones may
+    need another length bucket: that one compiles at its first step)."""
+    length = min(cfg.collector.max_episode_tokens, cfg.trainer.max_seq_len)
+    mask = np.r_[np.zeros(1, np.int8), np.ones(length - 1, np.int8)]
+    groups = [Group(group_id=f"precompile-{g}", task_id="precompile", trajectories=tuple(
+        Trajectory(task_id="precompile", token_ids=np.zeros(length, np.int32), loss_mask=mask,
+                   logprobs=np.zeros(length, np.float32), versions=np.zeros(length, np.int32),
+                   reward=float(i % 2), status=TrajectoryStatus.OK, sample_index=i)
+        for i in range(cfg.pipeline.group_size))) for g in range(cfg.pipeline.groups_per_step)]
+
+    def run() -> None:
+        try:
+            after()  # one compile at a time beside SFT: each one takes a core of its own
+            trainer.precompile(groups)
+        except Exception as err:  # noqa: BLE001 - the first step compiles (and fails) instead
+            log.warning("compiling the RL step ahead failed (%r); its first step compiles", err)
+
+    # Not a daemon: an interrupted run's exit waits for the compile instead of finalizing
+    # the interpreter under a thread inside XLA (which aborts the process).
+    thread = threading.Thread(target=run, name="agentax-rl-precompile")
+    thread.start()
+    return thread
 
 
 def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_step: int,

@@ -111,6 +111,7 @@ class Engine:
         self._inbox_lock = threading.Lock()
         self._inbox_submits = 0
         self._wake = threading.Event()
+        self._compiled = threading.Event()  # set once precompiling is over (or failed)
         self._paused = False
         self._closing = False
         self._sealed = False
@@ -284,6 +285,12 @@ class Engine:
             first_step_s=self._first_step_s,
         )
 
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Blocks until the step thread has compiled every kernel (`precompile=True`; at once
+        otherwise), or stopped; False if `timeout` seconds passed first. Lets other work that
+        compiles wait for a free core (the CLI compiles its RL trainer's kernels after)."""
+        return self._compiled.wait(timeout)
+
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stops the step thread; every pending request fails with `EngineClosed`."""
         self._closing = True
@@ -355,6 +362,7 @@ class Engine:
         try:
             if self.config.precompile:
                 self._runner.precompile()
+            self._compiled.set()
             while True:
                 self._wake.clear()
                 self._drain_inbox()
@@ -379,6 +387,7 @@ class Engine:
             self._error = exc
         finally:
             self._closing = True
+            self._compiled.set()
             if self._error is not None:
                 err: BaseException = EngineError(
                     f"the engine step loop failed: {type(self._error).__name__}: {self._error}"

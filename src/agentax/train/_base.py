@@ -69,37 +69,23 @@ class TrainerBase:
         self.model_config = model.config
         rngs = nnx.Rngs(config.seed)
         self._rng = jax.random.key(config.seed)
-        work = self._working_copy(model)
-        if config.lora is not None:
-            apply_lora(work, config.lora, rngs=rngs)
-        trainable = nnx.LoRAParam if config.lora is not None else nnx.Param
-        graphdef, params, rest = nnx.split(work, trainable, ...)
+        # Committed to one device without a mesh, like arrays restored from a checkpoint, so
+        # that a resumed trainer hits the same compiled kernels as a fresh one.
+        self._batch_sharding = (batch_sharding(mesh) if mesh is not None
+                                else SingleDeviceSharding(jax.local_devices()[0]))
+        graphdef, params, self._rest = self._split(model, rngs)
         tree = {"model": params}
         value_gd = None
         if value_head:
             value_gd, value_params = nnx.split(ValueHead(model.config.hidden_size, rngs=rngs))
-            tree["value"] = value_params
+            tree["value"] = self._place(value_params)
         self._graphdefs = GraphDefs(model=graphdef, value=value_gd)
         self._plain_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(model.config)))[0]
-        if mesh is not None:
-            tree = shard_params(tree, mesh, self.partition_rules)
-            rest = shard_params(rest, mesh, self.partition_rules)
-            self._batch_sharding = batch_sharding(mesh)
-        else:
-            # Committed to one device, like arrays restored from a checkpoint, so that a
-            # resumed trainer hits the same compiled kernels as a fresh one.
-            self._batch_sharding = SingleDeviceSharding(jax.local_devices()[0])
-            tree, rest = jax.device_put((tree, rest), self._batch_sharding)
-        self._params, self._rest = tree, rest
+        self._params = tree
         self._tx = make_optimizer(config)
-        opt_acc = init_optimizer(self._params, tx=self._tx)
         # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
         # optimizer state's paths end in the parameter paths, so the same rules place it.
-        if mesh is not None:
-            opt_acc = shard_params(opt_acc, mesh, self.partition_rules)
-        else:
-            opt_acc = jax.device_put(opt_acc, self._batch_sharding)
-        self._opt_state, self._acc = opt_acc
+        self._opt_state, self._acc = self._place(init_optimizer(self._params, tx=self._tx))
         leaf_shardings = lambda t: tuple(x.sharding for x in jax.tree.leaves(t))  # noqa: E731
         self._acc_shardings = leaf_shardings(self._acc) if mesh is not None else None
         self._state_shardings = (leaf_shardings((self._params, self._opt_state, self._acc))
@@ -117,6 +103,37 @@ class TrainerBase:
         """How many groups (RL) or examples (SFT) the trainer has consumed; checkpointed."""
 
     # ------------------------------------------------------------------ model copies
+
+    def _place(self, tree):
+        if self.mesh is not None:
+            return shard_params(tree, self.mesh, self.partition_rules)
+        return jax.device_put(tree, self._batch_sharding)
+
+    def _split(self, model: Transformer, rngs: nnx.Rngs):
+        """(graphdef, trainable params, frozen rest) of a private working copy of `model`,
+        with LoRA adapters when on, placed on the trainer's devices."""
+        work = self._working_copy(model)
+        if self.config.lora is not None:
+            apply_lora(work, self.config.lora, rngs=rngs)
+        trainable = nnx.LoRAParam if self.config.lora is not None else nnx.Param
+        graphdef, params, rest = nnx.split(work, trainable, ...)
+        return graphdef, self._place(params), self._place(rest)
+
+    def load_weights(self, model: Transformer) -> None:
+        """Trains `model`'s weights from here on, keeping this trainer's compiled kernels,
+        optimizer state and counters (a LoRA trainer gets fresh adapters over them): a trainer
+        built and `precompile`d before its starting weights exist takes them this way (the CLI
+        compiles its RL trainer's kernels while SFT trains). Call it before the first step.
+
+        Raises:
+          ValueError: `model` has another architecture than the trainer's.
+        """
+        if model.config != self.model_config:
+            raise ValueError(f"load_weights needs the trainer's architecture {self.model_config}, "
+                             f"got {model.config}")
+        graphdef, params, self._rest = self._split(model, nnx.Rngs(self.config.seed))
+        assert graphdef == self._graphdefs.model, "same config, same module structure"
+        self._params = {**self._params, "model": params}
 
     def _working_copy(self, model: Transformer) -> Transformer:
         graphdef, state = nnx.split(model)
@@ -204,6 +221,18 @@ class TrainerBase:
         return tuple(None if a is None else a[:limit] for a in (ids, *arrays)), cut
 
     # ------------------------------------------------------------------ update
+
+    def _compile_update(self, batches: Sequence[Batch], counts, rl: TrainerConfig | None):
+        """Compiles what `_run_update` would run on these batches; runs nothing (lowered ahead
+        of time: a later call with the same shapes uses the compiled kernels)."""
+        for batch in batches:
+            self._compiles.record("accumulate_grads", rl, batch)
+            accumulate_grads.lower(self._graphdefs, self._params, self._rest, batch, counts,
+                                   self._acc, rl=rl, acc_shardings=self._acc_shardings).compile()
+        self._compiles.record("apply_update", None)
+        apply_update.lower(self._params, self._opt_state, self._acc, counts["tokens"],
+                           self._schedule_arg, tx=self._tx,
+                           state_shardings=self._state_shardings).compile()
 
     def _run_update(self, batches: Sequence[Batch], counts, rl: TrainerConfig | None):
         """Accumulates over `batches` and applies one update; returns device results."""

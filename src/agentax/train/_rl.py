@@ -111,10 +111,10 @@ class RLTrainer(TrainerBase):
         """Version of the current weights: initial_version + applied updates."""
         self._initial_version = int(initial_version)
         self._ref = None
+        self._ref_is_snapshot = config.kl_coef > 0 and ref_model is None
         if config.kl_coef > 0:
             if ref_model is None:
-                self._ref = (self._graphdefs.model, {"model": _copy(self._params["model"])},
-                             self._rest)
+                self._snapshot_reference()
             else:
                 other = RLTrainer.__new__(RLTrainer)
                 other.config = dataclasses.replace(config, kl_coef=0.0, kl_in_reward=False,
@@ -124,6 +124,26 @@ class RLTrainer(TrainerBase):
                 self._ref = (other._graphdefs.model, {"model": other._params["model"]},
                              other._rest)
         self._knobs = tuple(sorted(dict(config.advantage_kwargs).items()))
+
+    def _snapshot_reference(self) -> None:
+        self._ref = (self._graphdefs.model, {"model": _copy(self._params["model"])}, self._rest)
+
+    def load_weights(self, model: Transformer) -> None:
+        super().load_weights(model)
+        if self._ref_is_snapshot:  # the default reference is the starting policy
+            self._snapshot_reference()
+
+    def precompile(self, groups: Sequence[Group]) -> None:
+        """Compiles the kernels `step(groups)` would run, without training or counting the
+        groups: the shapes follow their sizes and lengths; their tokens and rewards only feed
+        the scoring and advantage kernels, which run once. A trainer built and precompiled
+        before its data arrives, or before its weights exist (`load_weights`), then starts
+        without compiling (the CLI compiles its RL trainer's kernels while SFT trains)."""
+        _, seqs, rewards, group_ids, finite, _ = self._sequences(groups)
+        mbs = self._micro_batches(seqs, with_rl=True)
+        batches = self._score_and_advantages(mbs, [self._put(mb.batch) for mb in mbs], rewards,
+                                             group_ids, finite, len(seqs))
+        self._compile_update(batches, self._put_counts(self._counts(mbs)), self.config)
 
     # ------------------------------------------------------------------ host side
 
