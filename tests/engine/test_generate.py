@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import numpy as np
 from flax import nnx
@@ -169,7 +168,8 @@ def test_greedy_across_attention_span_buckets_matches_the_reference(model):
 
 
 def test_precompiled_engine_generates_without_compiling(model):
-    config = dataclasses.replace(CFG, precompile=True)
+    # Shapes no other test uses: the kernels are module-level, shared by equal shapes.
+    config = EngineConfig(max_slots=5, max_seq_len=72, prefill_chunk=16, precompile=True)
     prompts = random_prompts(np.random.default_rng(4), 3, 3, 40)
     with Engine(model, config) as engine:
         assert engine.wait_compiled(timeout=300)
@@ -179,7 +179,7 @@ def test_precompiled_engine_generates_without_compiling(model):
         outs = engine.generate_batch(prompts, SamplingParams(temperature=0.0, max_tokens=20))
         assert engine.num_compiles == compiled  # every shape it used was compiled ahead
         for prompt, out in zip(prompts, outs):  # and compiling wrote nothing to the cache
-            assert out.token_ids.tolist() == reference_greedy(model, prompt, 20, pad_to=96)
+            assert out.token_ids.tolist() == reference_greedy(model, prompt, 20, pad_to=72)
     assert engine.wait_compiled(timeout=0)  # a stopped engine never blocks the caller
     with Engine(model, CFG) as plain:  # nothing to compile ahead: ready once it runs
         assert plain.wait_compiled(timeout=30) and plain.num_compiles == 0
