@@ -269,9 +269,10 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
 
 
 def _precompile_rl(cfg: RunConfig, trainer, *, after: Callable[[], Any]) -> threading.Thread:
-    """Starts compiling the RL step's kernels on a thread once `after()` returns, for groups
-    of the configured size whose episodes use the whole token budget (shorter real ones may
-    need another length bucket: that one compiles at its first step)."""
+    """Starts compiling the RL step's kernels on a thread once `after()` returns True (False:
+    the run stopped, nothing to compile for), for groups of the configured size whose episodes
+    use the whole token budget (shorter real ones may need another length bucket: that one
+    compiles at its first step)."""
     length = min(cfg.collector.max_episode_tokens, cfg.trainer.max_seq_len)
     mask = np.r_[np.zeros(1, np.int8), np.ones(length - 1, np.int8)]
     groups = [Group(group_id=f"precompile-{g}", task_id="precompile", trajectories=tuple(
@@ -282,8 +283,8 @@ def _precompile_rl(cfg: RunConfig, trainer, *, after: Callable[[], Any]) -> thre
 
     def run() -> None:
         try:
-            after()  # one compile at a time beside SFT: each one takes a core of its own
-            trainer.precompile(groups)
+            if after():  # one compile at a time beside SFT: each one takes a core of its own
+                trainer.precompile(groups)
         except Exception as err:  # noqa: BLE001 - the first step compiles (and fails) instead
             log.warning("compiling the RL step ahead failed (%r); its first step compiles", err)
 

@@ -287,9 +287,10 @@ class Engine:
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Blocks until the step thread has compiled every kernel (`precompile=True`; at once
-        otherwise), or stopped; False if `timeout` seconds passed first. Lets other work that
-        compiles wait for a free core (the CLI compiles its RL trainer's kernels after)."""
-        return self._compiled.wait(timeout)
+        otherwise) or stopped. True if the engine is compiled and running; False if it stopped
+        (shut down or failed) or `timeout` seconds passed first. Lets other work that compiles
+        wait for a free core (the CLI compiles its RL trainer's kernels after)."""
+        return self._compiled.wait(timeout) and not self._closing
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stops the step thread; every pending request fails with `EngineClosed`."""
