@@ -222,32 +222,31 @@ class TrainerBase:
 
     # ------------------------------------------------------------------ update
 
-    def _compile_update(self, batches: Sequence[Batch], counts, rl: TrainerConfig | None):
-        """Compiles what `_run_update` would run on these batches; runs nothing (lowered ahead
-        of time: a later call with the same shapes uses the compiled kernels)."""
-        for batch in batches:
-            self._compiles.record("accumulate_grads", rl, batch)
-            accumulate_grads.lower(self._graphdefs, self._params, self._rest, batch, counts,
-                                   self._acc, rl=rl, acc_shardings=self._acc_shardings).compile()
-        self._compiles.record("apply_update", None)
-        apply_update.lower(self._params, self._opt_state, self._acc, counts["tokens"],
-                           self._schedule_arg, tx=self._tx,
-                           state_shardings=self._state_shardings).compile()
+    def _run_update(self, batches: Sequence[Batch], counts, rl: TrainerConfig | None, *,
+                    compile_only: bool = False):
+        """Accumulates over `batches` and applies one update; returns device results. With
+        `compile_only`, compiles the same kernel calls (lowered ahead of time), runs nothing
+        and returns None: a later call with the same shapes uses those kernels."""
+        def call(kernel, *args, **kwargs):
+            if not compile_only:
+                return kernel(*args, **kwargs)
+            kernel.lower(*args, **kwargs).compile()
+            return None
 
-    def _run_update(self, batches: Sequence[Batch], counts, rl: TrainerConfig | None):
-        """Accumulates over `batches` and applies one update; returns device results."""
         metrics = []
         for batch in batches:
             self._compiles.record("accumulate_grads", rl, batch)
-            self._acc, m = accumulate_grads(self._graphdefs, self._params, self._rest, batch,
-                                            counts, self._acc, rl=rl,
-                                            acc_shardings=self._acc_shardings)
-            metrics.append(m)
+            out = call(accumulate_grads, self._graphdefs, self._params, self._rest, batch, counts,
+                       self._acc, rl=rl, acc_shardings=self._acc_shardings)
+            if out is not None:
+                self._acc, m = out
+                metrics.append(m)
         self._compiles.record("apply_update", None)
-        self._params, self._opt_state, self._acc, stats = apply_update(
-            self._params, self._opt_state, self._acc, counts["tokens"], self._schedule_arg,
-            tx=self._tx,
-            state_shardings=self._state_shardings)
+        out = call(apply_update, self._params, self._opt_state, self._acc, counts["tokens"],
+                   self._schedule_arg, tx=self._tx, state_shardings=self._state_shardings)
+        if out is None:
+            return None
+        self._params, self._opt_state, self._acc, stats = out
         return metrics, stats
 
     @staticmethod

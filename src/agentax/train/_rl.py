@@ -143,7 +143,8 @@ class RLTrainer(TrainerBase):
         mbs = self._micro_batches(seqs, with_rl=True)
         batches = self._score_and_advantages(mbs, [self._put(mb.batch) for mb in mbs], rewards,
                                              group_ids, finite, len(seqs))
-        self._compile_update(batches, self._put_counts(self._counts(mbs)), self.config)
+        self._run_update(batches, self._put_counts(self._counts(mbs)), self.config,
+                         compile_only=True)
 
     # ------------------------------------------------------------------ host side
 
