@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 from flax import nnx
@@ -183,3 +184,39 @@ def test_precompiled_engine_generates_without_compiling(model):
     assert not engine.wait_compiled()  # a stopped engine: at once, nothing to wait for
     with Engine(model, CFG) as plain:  # nothing to compile ahead: ready once it runs
         assert plain.wait_compiled(timeout=30) and plain.num_compiles == 0
+
+
+def test_paged_cache_generates_what_the_slot_layout_does(engine, model):
+    """Six 3-turn conversations on 4 slots, greedy and sampled: a paged cache of 128 positions
+    (8 pages; the slots hold 4 x 96) must evict and re-prefill more, and give the same tokens."""
+    paged = Engine(model, dataclasses.replace(CFG, kv_cache_tokens=128))
+    rng = np.random.default_rng(5)
+    prompts = random_prompts(rng, 6, 2, 40)
+
+    async def conversations(eng):
+        async def one(i):
+            seq, history, outs = None, [], []
+            for turn in range(3):
+                ids = prompts[i] if turn == 0 else prompts[(i + turn) % 6][:5]
+                params = SamplingParams(temperature=1.0 if i % 2 else 0.0,
+                                        max_tokens=4 + 2 * i, seed=10 * i + turn)
+                out = await eng.generate(ids, params, sequence_id=seq)
+                seq = out.sequence_id
+                history += ids + out.token_ids.tolist()
+                outs.append(out.token_ids.tolist())
+            return outs, history
+
+        return await asyncio.gather(*(one(i) for i in range(6)))
+
+    try:
+        got = run(conversations(paged))
+        stats = paged.stats()
+    finally:
+        paged.shutdown()
+    assert got == run(conversations(engine))
+    for i in range(0, 6, 2):  # greedy ones: the last turn against the full-sequence reference
+        (*_, last), history = got[i]
+        assert last == reference_greedy(model, history[: len(history) - len(last)], len(last))
+    cfg = model.config
+    assert paged.kv_cache_bytes == 2 * cfg.num_layers * 128 * cfg.num_kv_heads * cfg.head_dim * 4
+    assert stats.evictions > engine.stats().evictions and 0 < stats.kv_pages_peak <= 8

@@ -262,3 +262,84 @@ def test_attend_bucket_is_the_shortest_span_that_covers_the_length():
     assert EngineConfig(max_seq_len=160).attend_buckets == (160,)
     with pytest.raises(ValueError, match="min_attend_bucket must be a power of two"):
         EngineConfig(min_attend_bucket=100)
+
+
+# ---------------------------------------------------------------------- paged cache
+
+PAGED = EngineConfig(max_slots=4, max_seq_len=64, prefill_chunk=32, min_prefill_bucket=8,
+                     min_attend_bucket=64, decode_steps_per_call=4, kv_cache_tokens=64)
+
+
+def finish_all(sched, token=5):
+    prefill_all(sched, token)
+    while sched.active.any():
+        decode(sched, lambda s, j: token)
+
+
+def assert_pages_consistent(sched):
+    held = [p for seq in sched.sequences.values() for p in seq.pages]
+    assert len(held) == len(set(held)) and not set(held) & set(sched.free_pages)
+    assert len(held) + len(sched.free_pages) == PAGED.kv_pages == sched.config.kv_pages
+    for seq in sched.sequences.values():
+        assert not seq.pages or seq.slot is not None
+        if seq.pages:
+            assert sched.page_table[seq.slot, : len(seq.pages)].tolist() == seq.pages
+
+
+def test_paged_admission_reserves_pages_waits_fifo_and_keeps_only_what_was_written():
+    sched = Scheduler(PAGED)  # 4 pages of 16 positions
+    a = request([1] * 10, SamplingParams(max_tokens=10))  # may write 10 + 9 positions: 2 pages
+    b = request([2] * 20, SamplingParams(max_tokens=20))  # 20 + 19: 3 pages
+    c = request([3], SamplingParams(max_tokens=4))  # 1 page, but it queues behind b
+    for r in (a, b, c):
+        sched.accept(r)
+    sched.admit()
+    assert len(a.seq.pages) == 2 and sched.pages_used() == 2
+    assert list(sched.waiting) == [b, c] and b.seq.slot is None and c.seq.slot is None
+    assert_pages_consistent(sched)
+    finish_all(sched)
+    # a wrote 10 + 9 positions and keeps their 2 pages, parked; b's 3 evict it.
+    assert a.result.num_tokens == 10 and len(a.seq.pages) == 2
+    sched.admit()
+    assert sched.counts["evictions"] == 1 and a.seq.pages == [] and a.seq.slot is None
+    assert len(b.seq.pages) == 3 and len(c.seq.pages) == 1 and not sched.waiting
+    assert_pages_consistent(sched)
+    finish_all(sched)
+    # c used 1 + 3 positions of its page; b 20 + 19 of its 3. A release frees them.
+    assert sched.pages_used() == 4 and sched.counts["kv_pages_peak"] == 4
+    sched.release(c.result.sequence_id)
+    assert sched.pages_used() == 3
+    assert_pages_consistent(sched)
+
+
+def test_paged_continuations_that_cannot_both_fit_do_not_deadlock():
+    sched = Scheduler(PAGED)
+    first = [request([i + 1] * 20, SamplingParams(max_tokens=4)) for i in range(2)]
+    for r in first:
+        sched.accept(r)
+    sched.admit()
+    finish_all(sched)
+    assert [len(r.seq.pages) for r in first] == [2, 2] and not sched.free_pages
+    # Both continue and each needs a third page: neither is parked (both have a request), so
+    # the first evicts the cache of the one waiting behind it, which is prefilled again later.
+    conts = [request([9] * 10, SamplingParams(max_tokens=10), sequence_id=r.seq.id)
+             for r in first]
+    for r in conts:
+        sched.accept(r)
+    sched.admit()
+    assert len(conts[0].seq.pages) == 3 and conts[1].seq.slot is None
+    assert list(sched.waiting) == [conts[1]] and sched.counts["evictions"] == 1
+    assert_pages_consistent(sched)
+    finish_all(sched)
+    sched.admit()  # now the first is parked: evicted for the second
+    assert conts[1].pending == conts[1].seq.tokens and len(conts[1].seq.pages) == 3
+    assert sched.counts["evictions"] == 2
+    finish_all(sched)
+    assert [r.result.num_tokens for r in conts] == [10, 10]
+    assert_pages_consistent(sched)
+
+
+def test_paged_cache_must_hold_one_whole_sequence():
+    with pytest.raises(ValueError, match="kv_cache_tokens=40 cannot hold one sequence"):
+        EngineConfig(max_seq_len=64, kv_cache_tokens=40)
+    assert EngineConfig(max_seq_len=64, kv_cache_tokens=63).kv_pages == 4

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["EngineConfig", "EngineStats"]
+__all__ = ["EngineConfig", "EngineStats", "PAGE"]
+
+PAGE = 16
+"""Positions per page of a paged KV cache (`EngineConfig.kv_cache_tokens`)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,13 @@ class EngineConfig:
     """Capacity of the per-slot stop-id table (eos ids + SamplingParams.stop_ids)."""
     max_sequences: int = 65536
     """Parked sequences kept on the host; past this the least recently used one is forgotten."""
+    kv_cache_tokens: int = 0
+    """KV positions the cache holds for all sequences together. 0: one row of max_seq_len
+    positions per slot, preallocated (max_slots x max_seq_len). Set: a pool of 16-token
+    pages, so memory follows the tokens held: a sequence holds the pages its tokens fill
+    (while a request runs, also those its max_tokens may fill); a request waits until its
+    pages are free (parked sequences are evicted for them, least recently used first), and
+    max_slots can exceed what rows of max_seq_len would fit. At least max_seq_len - 1."""
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
@@ -77,6 +87,14 @@ class EngineConfig:
             f"min_attend_bucket must be a power of two, got {self.min_attend_bucket}",
         )
         need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
+        need(self.kv_cache_tokens == 0 or self.kv_cache_tokens >= self.max_seq_len - 1,
+             f"kv_cache_tokens={self.kv_cache_tokens} cannot hold one sequence of max_seq_len="
+             f"{self.max_seq_len}: set it to 0 (a row per slot) or >= {self.max_seq_len - 1}")
+
+    @property
+    def kv_pages(self) -> int:
+        """Pages of the paged cache (0: one row per slot instead)."""
+        return -(-self.kv_cache_tokens // PAGE)
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
@@ -168,3 +186,7 @@ class EngineStats:
     """Wall time of kernel calls that compiled (precompile included) since construction."""
     first_step_s: float | None = None
     """Seconds from construction to the end of the first decode call (None before it)."""
+    kv_pages_used: int = 0
+    """Pages of a paged cache held by sequences now (0 without one)."""
+    kv_pages_peak: int = 0
+    """The most pages held at once since construction."""

@@ -283,6 +283,8 @@ class Engine:
             policy_version=self._version,
             compile_s=self._runner.compile_s,
             first_step_s=self._first_step_s,
+            kv_pages_used=sched.pages_used(),
+            kv_pages_peak=c["kv_pages_peak"],
         )
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
@@ -428,7 +430,7 @@ class Engine:
         for plan in plans:  # dispatched back to back; their samples are fetched after
             with self._telemetry.span("PREFILL", tokens=plan.num_tokens, rows=len(plan.rows),
                                       bucket=plan.tokens_rc.shape[1]):
-                out.append(self._runner.prefill(plan))
+                out.append(self._runner.prefill(plan, self._sched))
         needed = [i for i, plan in enumerate(plans) if self._sched.prefill_needs_sample(plan)]
         fetched = dict(zip(needed, jax.device_get([out[i] for i in needed])))
         for i, plan in enumerate(plans):

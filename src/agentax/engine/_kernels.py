@@ -6,6 +6,11 @@ treedef, hashed once) is static and `weights` is the flat list of parameter arra
 donate the cache (updated in place) and never the weights (the trainer may share them).
 `attend_len` (static) is the attention span: prefill compiles once per (row bucket, chunk
 bucket, span bucket) it meets, decode once per span bucket.
+
+`prefill_chunk_paged` and `decode_steps_paged` are the same over a paged cache (per layer a
+pool [P, K, PAGE, H] and a page table [S, pages per slot]): they gather each row's span
+from its pages once per call (`_gather_span`), run the same model code on it, and scatter
+the positions the call wrote back to their pages (`_scatter`).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentax.engine._config import PAGE
 from agentax.engine._sampling import RowSampling, sample_tokens
 from agentax.models import KVCache
 
-__all__ = ["ModelDef", "prefill_chunk", "decode_steps", "compiled_count"]
+__all__ = ["ModelDef", "prefill_chunk", "decode_steps", "prefill_chunk_paged",
+           "decode_steps_paged", "compiled_count"]
 
 
 class ModelDef:
@@ -112,18 +119,27 @@ def decode_steps(
       (tokens [S, N] int32, logprobs [S, N] float32, counts [S] int32 tokens emitted per
       slot (a prefix of each row), new cache).
     """
-    tokens_s, positions_s, remaining_s = state_4s[0], state_4s[1], state_4s[3]
-    active_s = state_4s[2] != 0
-    model = _merge(model_def, weights)
-    s = tokens_s.shape[0]
-    t_max = cache.max_seq_len
     # The loop only reads the cache: each step's K/V go to a small [S, K, num_steps, H]
     # buffer per layer (`fresh`), written into the cache once after the loop. The span is
     # sliced once, before the loop: sliced inside it, XLA copied it every step (on CPU, 13.2
     # against 8.0 ms per 8-step call at max_seq_len 1024, span 128; carrying the span through
     # the loop and writing it back measured 12.6).
-    fresh = cache.fresh(num_steps)
     span = KVCache(*(tuple(c[:, :, :attend_len] for c in part) for part in (cache.k, cache.v)))
+    out_tok, out_lp, counts, fresh = _decode_loop(
+        model_def, weights, span, cache.fresh(num_steps), state_4s, sampling, stop_ids_sm,
+        num_steps, attend_len, cache.max_seq_len)
+    # A slot writes the steps it was active for (a prefix): idle slots write nothing.
+    return out_tok, out_lp, counts, cache.write_fresh(fresh, state_4s[1], counts)
+
+
+def _decode_loop(model_def, weights, span, fresh, state_4s, sampling, stop_ids_sm, num_steps,
+                 attend_len, t_max):
+    """The fused decode steps over a cache `span` that is only read; returns (tokens, logprobs,
+    counts, fresh K/V of the call's steps)."""
+    tokens_s, positions_s, remaining_s = state_4s[0], state_4s[1], state_4s[3]
+    active_s = state_4s[2] != 0
+    model = _merge(model_def, weights)
+    s = tokens_s.shape[0]
     out_tok = jnp.zeros((s, num_steps), jnp.int32)
     out_lp = jnp.zeros((s, num_steps), jnp.float32)
     counts = jnp.zeros((s,), jnp.int32)
@@ -151,8 +167,77 @@ def decode_steps(
     # own read of the span and copied the whole cache to keep both (35 against 3 ms per call).
     carry = jax.lax.while_loop(cond, body, carry)
     _, fresh, _, _, _, _, out_tok, out_lp, counts = carry
-    # A slot writes the steps it was active for (a prefix): idle slots write nothing.
-    return out_tok, out_lp, counts, cache.write_fresh(fresh, positions_s, counts)
+    return out_tok, out_lp, counts, fresh
+
+
+# ---------------------------------------------------------------------- paged cache
+
+
+def _gather_span(pool: jax.Array, table_rn: jax.Array, span: int) -> jax.Array:
+    """[R, K, span, H]: positions [0, span) of each row, from its pages of `pool` [P, K, PAGE,
+    H] listed in `table_rn` (entries past a row's own pages point anywhere: masked)."""
+    n = -(-span // PAGE)
+    g = pool[table_rn[:, :n]]  # [R, n, K, PAGE, H]
+    r, _, k, page, h = g.shape
+    return g.transpose(0, 2, 1, 3, 4).reshape(r, k, n * page, h)[:, :, :span]
+
+
+def _scatter(pool: jax.Array, table_rn: jax.Array, positions_rt: jax.Array,
+             values_rtkh: jax.Array, t_max: int) -> jax.Array:
+    """Writes values [R, T, K, H] at positions [R, T] of each row's pages; positions >= t_max
+    write nothing."""
+    index = jnp.minimum(positions_rt // PAGE, table_rn.shape[1] - 1)
+    page = jnp.take_along_axis(table_rn, index, axis=1)
+    page = jnp.where(positions_rt < t_max, page, pool.shape[0])  # out of range: dropped
+    return pool.at[page, :, positions_rt % PAGE].set(values_rtkh.astype(pool.dtype), mode="drop")
+
+
+def _span_view(pool: KVCache, table_rn: jax.Array, span: int) -> KVCache:
+    return KVCache(*(tuple(_gather_span(c, table_rn, span) for c in part)
+                     for part in (pool.k, pool.v)))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 8, 9), donate_argnums=(2,))
+def prefill_chunk_paged(model_def, weights, pool: KVCache, table_sn, tokens_rc, positions_rc,
+                        slots_r, sampling: RowSampling, attend_len: int, t_max: int):
+    """`prefill_chunk` over a paged cache (`table_sn` [S, pages per slot])."""
+    table_rn = table_sn[slots_r]
+    view = _span_view(pool, table_rn, attend_len)
+    model = _merge(model_def, weights)
+    # On the view, positions >= attend_len (padding carries t_max) write nothing.
+    logits_rv, view = model.forward_cached(tokens_rc, positions_rc, view, last_only=True,
+                                           attend_len=attend_len)
+    token, logprob = sample_tokens(logits_rv, sampling, positions_rc[:, -1] + 1)
+    rows = jnp.arange(tokens_rc.shape[0])[:, None]
+    index = jnp.minimum(positions_rc, attend_len - 1)
+
+    def write(p, c):  # this chunk's K/V, read back from the view: c[rows, :, index] [R, C, K, H]
+        return _scatter(p, table_rn, positions_rc, c[rows, :, index], t_max)
+
+    pool = KVCache(tuple(map(write, pool.k, view.k)), tuple(map(write, pool.v, view.v)))
+    return token, logprob, pool
+
+
+@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9), donate_argnums=(2,))
+def decode_steps_paged(model_def, weights, pool: KVCache, table_sn, state_4s,
+                       sampling: RowSampling, stop_ids_sm, num_steps: int, attend_len: int,
+                       t_max: int):
+    """`decode_steps` over a paged cache: every slot's span is gathered from its pages once
+    per call (not per step), and the call's K/V are scattered to their pages after it."""
+    span = _span_view(pool, table_sn, attend_len)
+    fresh = KVCache(*(tuple(jnp.zeros((*c.shape[:2], num_steps, c.shape[3]), c.dtype)
+                            for c in part) for part in (span.k, span.v)))
+    out_tok, out_lp, counts, fresh = _decode_loop(
+        model_def, weights, span, fresh, state_4s, sampling, stop_ids_sm, num_steps,
+        attend_len, t_max)
+    j = jnp.arange(num_steps)[None, :]
+    positions = jnp.where(j < counts[:, None], state_4s[1][:, None] + j, t_max)  # [S, F]
+
+    def write(p, f):  # f [S, K, F, H]
+        return _scatter(p, table_sn, positions, f.transpose(0, 2, 1, 3), t_max)
+
+    pool = KVCache(tuple(map(write, pool.k, fresh.k)), tuple(map(write, pool.v, fresh.v)))
+    return out_tok, out_lp, counts, pool
 
 
 def _merge(model_def: ModelDef, weights):
@@ -161,4 +246,5 @@ def _merge(model_def: ModelDef, weights):
 
 def compiled_count() -> int:
     """Compilations held by the engine kernels' caches (shared by every engine in the process)."""
-    return int(prefill_chunk._cache_size() + decode_steps._cache_size())
+    return int(sum(k._cache_size() for k in (prefill_chunk, decode_steps, prefill_chunk_paged,
+                                             decode_steps_paged)))

@@ -47,6 +47,8 @@ class _Sequence:
     """The request in flight on this sequence, if any."""
     release_when_done: bool = False
     last_used: int = 0
+    pages: list[int] = dataclasses.field(default_factory=list)
+    """Pages of a paged cache holding its K/V, in position order (empty without a slot)."""
 
 
 @dataclasses.dataclass(eq=False)

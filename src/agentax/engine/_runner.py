@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from agentax.engine._config import EngineConfig
-from agentax.engine._kernels import ModelDef, compiled_count, decode_steps, prefill_chunk
+from agentax.engine._config import PAGE, EngineConfig
+from agentax.engine._kernels import (ModelDef, compiled_count, decode_steps, decode_steps_paged,
+                                     prefill_chunk, prefill_chunk_paged)
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
-from agentax.models import init_cache, kv_cache_bytes
+from agentax.models import KVCache, init_cache, kv_cache_bytes
 
 __all__ = ["Runner"]
 
@@ -46,9 +47,18 @@ class Runner:
         # fused decode call), not the whole slot.
         ring = dict(dtype=cfg.cache_dtype,
                     max_tokens_per_call=max(cfg.prefill_chunk, cfg.decode_steps_per_call))
-        self.cache = jax.device_put(
-            init_cache(model.config, cfg.max_slots, cfg.max_seq_len, **ring), device)
-        self.kv_cache_bytes = kv_cache_bytes(model.config, cfg.max_slots, cfg.max_seq_len, **ring)
+        self.paged = cfg.kv_pages > 0
+        if self.paged:  # every layer a pool of pages (no rings: a page holds any position)
+            self.cache = jax.device_put(_page_pool(model.config, cfg), device)
+            self.kv_cache_bytes = sum(c.nbytes for c in self.cache.k + self.cache.v)
+        else:
+            self.cache = jax.device_put(
+                init_cache(model.config, cfg.max_slots, cfg.max_seq_len, **ring), device)
+            self.kv_cache_bytes = kv_cache_bytes(model.config, cfg.max_slots, cfg.max_seq_len,
+                                                 **ring)
+        self._device = device
+        self._table: jax.Array | None = None
+        self._table_version = -1
         self._sampling_version = -1
         self._sampling_dev: tuple[RowSampling, jax.Array] | None = None
         self._pending: tuple[list, int] | None = None
@@ -95,14 +105,25 @@ class Runner:
             self.compile_s += time.perf_counter() - t
         return out
 
-    def prefill(self, plan: PrefillPlan):
+    def _page_table(self, sched: Scheduler) -> jax.Array:
+        """The scheduler's page table on the device, re-sent only when it changed."""
+        if self._table_version != sched.table_version:
+            self._table = jax.device_put(sched.page_table, self._device)
+            self._table_version = sched.table_version
+        return self._table
+
+    def prefill(self, plan: PrefillPlan, sched: Scheduler):
         """Runs one prefill call; returns device arrays (tokens [R], logprobs [R])."""
         sampling = RowSampling(*(jnp.asarray(a) for a in plan.sampling_r))
-        token, logprob, self.cache = self._timed(
-            prefill_chunk, self.model_def, self.weights, self.cache,
-            jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
-            jnp.asarray(plan.slots_r), sampling, plan.attend_len,
-        )
+        args = (jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
+                jnp.asarray(plan.slots_r), sampling, plan.attend_len)
+        if self.paged:
+            token, logprob, self.cache = self._timed(
+                prefill_chunk_paged, self.model_def, self.weights, self.cache,
+                self._page_table(sched), *args, self.config.max_seq_len)
+        else:
+            token, logprob, self.cache = self._timed(
+                prefill_chunk, self.model_def, self.weights, self.cache, *args)
         return token, logprob
 
     def decode(self, plan: DecodePlan, sched: Scheduler):
@@ -116,24 +137,36 @@ class Runner:
             )
             self._sampling_version = sched.sampling_version
         sampling, stop_table = self._sampling_dev
-        out_tok, out_lp, counts, self.cache = self._timed(
-            decode_steps, self.model_def, self.weights, self.cache, jnp.asarray(plan.state_4s),
-            sampling, stop_table, plan.steps, plan.attend_len,
-        )
+        state = jnp.asarray(plan.state_4s)
+        if self.paged:
+            out_tok, out_lp, counts, self.cache = self._timed(
+                decode_steps_paged, self.model_def, self.weights, self.cache,
+                self._page_table(sched), state, sampling, stop_table, plan.steps,
+                plan.attend_len, self.config.max_seq_len)
+        else:
+            out_tok, out_lp, counts, self.cache = self._timed(
+                decode_steps, self.model_def, self.weights, self.cache, state, sampling,
+                stop_table, plan.steps, plan.attend_len)
         return jax.device_get((out_tok, out_lp, counts))
 
     def precompile(self) -> None:
         """Compiles decode at every attention span and prefill at every (row bucket, chunk
         bucket, span that holds the chunk), on inputs that write nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
+        # Paged: a table of zeros (page 0 for every slot) is read, never written.
+        table = jax.device_put(np.zeros((s, -(-t_max // PAGE)), np.int32), self._device)
+        decode, prefill = ((decode_steps_paged, prefill_chunk_paged) if self.paged
+                           else (decode_steps, prefill_chunk))
+        paged = (table,) if self.paged else ()
+        tail = (t_max,) if self.paged else ()
         for span in cfg.attend_buckets:
             state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
             ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
             sampling = RowSampling(ones, zeros, ones, jnp.zeros((s,), jnp.uint32))
             *_, self.cache = self._timed(
-                decode_steps, self.model_def, self.weights, self.cache, jnp.asarray(state),
+                decode, self.model_def, self.weights, self.cache, *paged, jnp.asarray(state),
                 sampling, jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
-                cfg.decode_steps_per_call, span,
+                cfg.decode_steps_per_call, span, *tail,
             )
         for r in cfg.prefill_row_buckets:
             zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
@@ -141,8 +174,16 @@ class Runner:
             for c in cfg.prefill_buckets:
                 for span in (b for b in cfg.attend_buckets if b >= min(c, t_max)):
                     *_, self.cache = self._timed(
-                        prefill_chunk, self.model_def, self.weights, self.cache,
+                        prefill, self.model_def, self.weights, self.cache, *paged,
                         jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
-                        sampling, span,
+                        sampling, span, *tail,
                     )
         jax.block_until_ready(self.cache)
+
+
+def _page_pool(config, cfg: EngineConfig) -> KVCache:
+    """A zeroed pool of `cfg.kv_pages` pages per layer: [P, K, PAGE, H] each of k and v."""
+    dtype = jnp.dtype(cfg.cache_dtype or config.dtype)
+    shape = (cfg.kv_pages, config.num_kv_heads, PAGE, config.head_dim)
+    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+                   tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))

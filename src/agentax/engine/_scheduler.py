@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agentax.engine._config import EngineConfig
+from agentax.engine._config import PAGE, EngineConfig
 from agentax.engine._requests import PromptTooLong, SequenceError, _Request, _Sequence
 from agentax.records import Completion, FinishReason
 
@@ -98,8 +98,17 @@ def _prefill_groups(lengths: list[int], config: EngineConfig) -> list[int]:
     return sizes
 
 
+def pages_for(tokens: int) -> int:
+    """Pages that hold `tokens` positions."""
+    return -(-tokens // PAGE)
+
+
 class Scheduler:
     """Host state of the engine: who sits in which slot, what runs next, what finished.
+
+    With a paged cache (`EngineConfig.kv_cache_tokens`) it also owns the pages: a request
+    is admitted once the pages its sequence may fill are reserved (`_reserve`), and
+    `page_table[slot]` lists the pages of the sequence in that slot, in position order.
 
     Args:
       config: the engine's sizes.
@@ -134,6 +143,11 @@ class Scheduler:
         self.sampling_version = 0
         """Bumped whenever a slot's sampling settings or stop ids change (runner re-sends)."""
         self.slot_seq: list[_Sequence | None] = [None] * s
+        self.paged = cfg.kv_pages > 0
+        self.free_pages = list(range(cfg.kv_pages - 1, -1, -1))  # pop() takes the lowest
+        self.page_table = np.zeros((s, pages_for(cfg.max_seq_len)), np.int32)
+        self.table_version = 0
+        """Bumped whenever `page_table` changes (the runner re-sends it)."""
 
         self.sequences: collections.OrderedDict[int, _Sequence] = collections.OrderedDict()
         self._next_sequence_id = 1
@@ -208,11 +222,14 @@ class Scheduler:
     # ------------------------------------------------------------------ admission
 
     def admit(self) -> None:
-        """Gives waiting requests slots, FIFO; a parked continuation returns to its own slot."""
+        """Gives waiting requests slots, FIFO; a parked continuation returns to its own slot.
+        With a paged cache a request also needs its pages; one that cannot have them stops
+        admission until pages are freed (FIFO)."""
         blocked = False
         for req in list(self.waiting):
             seq = req.seq
-            if seq.slot is None:
+            new_slot = seq.slot is None
+            if new_slot:
                 if blocked:
                     continue
                 slot = self._find_slot()
@@ -221,6 +238,11 @@ class Scheduler:
                     continue
                 seq.slot, seq.cached = slot, 0
                 self.slot_seq[slot] = seq
+            if self.paged and not self._reserve(req):
+                if new_slot:  # keeps no slot while it waits
+                    self.slot_seq[seq.slot] = None
+                    seq.slot = None
+                return
             self.waiting.remove(req)
             self._start(req)
 
@@ -233,10 +255,50 @@ class Scheduler:
             return None
         victim = min(parked, key=lambda q: q.last_used)  # least recently used
         slot = victim.slot
-        victim.slot, victim.cached = None, 0
-        self.slot_seq[slot] = None
-        self.counts["evictions"] += 1
+        self._evict(victim)
         return slot
+
+    def _evict(self, seq: _Sequence) -> None:
+        """Drops a sequence's cache (slot and pages); continued, it is prefilled again."""
+        self.slot_seq[seq.slot] = None
+        seq.slot, seq.cached = None, 0
+        self._free_pages(seq, 0)
+        self.counts["evictions"] += 1
+
+    def _free_pages(self, seq: _Sequence, keep: int) -> None:
+        if len(seq.pages) > keep:
+            self.free_pages.extend(seq.pages[keep:])
+            del seq.pages[keep:]
+
+    def _reserve(self, req: _Request) -> bool:
+        """Gives `req`'s sequence (which holds a slot) the pages of every position the
+        request may write, evicting caches that no running request needs: parked sequences
+        (least recently used first), then those of requests waiting behind (they wait
+        anyway, and are prefilled again when admitted). False if that is not enough."""
+        seq = req.seq
+        written = min(len(seq.tokens) + req.params.max_tokens - 1, self.config.max_seq_len - 1)
+        need = pages_for(written) - len(seq.pages)
+        while len(self.free_pages) < need:
+            parked = [q for q in self.slot_seq
+                      if q is not None and q.request is None and q.pages]
+            if parked:
+                self._evict(min(parked, key=lambda q: q.last_used))
+                continue
+            behind = [q.seq for q in reversed(self.waiting)
+                      if q.seq is not seq and q.seq.slot is not None and q.seq.pages]
+            if not behind:
+                return False
+            self._evict(behind[0])
+        if need > 0:
+            seq.pages.extend(self.free_pages.pop() for _ in range(need))
+            self.page_table[seq.slot, : len(seq.pages)] = seq.pages
+            self.table_version += 1
+            self.counts["kv_pages_peak"] = max(self.counts["kv_pages_peak"], self.pages_used())
+        return True
+
+    def pages_used(self) -> int:
+        """Pages held by sequences (0 without a paged cache)."""
+        return self.config.kv_pages - len(self.free_pages)
 
     def _start(self, req: _Request) -> None:
         seq, slot, p = req.seq, req.seq.slot, req.params
@@ -430,6 +492,7 @@ class Scheduler:
         seq.last_used = self._use_clock
         if seq.slot is not None:
             self.active[seq.slot] = False
+        self._free_pages(seq, pages_for(seq.cached))  # the unused part of its reservation
         self.counts["completed"] += 1
         self.counts["total_tokens"] += len(req.out_tokens)
         completion = Completion(
@@ -473,6 +536,7 @@ class Scheduler:
             self.active[seq.slot] = False
             self.slot_seq[seq.slot] = None
             seq.slot = None
+        self._free_pages(seq, 0)
         self.sequences.pop(seq.id, None)
 
     # ------------------------------------------------------------------ counters
