@@ -31,14 +31,18 @@ Workloads (same model, same kernels, measured in one run, per model preset):
 * tokens_per_s_steps_N / tokens_per_s_chunk_N — the lognormal workload with N fused decode
   steps per call / N-token prefill chunks (full run only; alternated rounds), the
   measurement behind the defaults.
-* kv_bytes_per_token_held, sequences_in_budget_slots / _paged_computed — KV memory per token
-  the workload's sequences really hold in the slot layout, and how many such sequences the
-  same bytes hold as slots vs as 16-token pages (the paged figure is computed, not run).
+* kv_bytes_per_token_held, sequences_in_budget_slots — KV memory per token the workload's
+  sequences really hold in the slot layout, and how many sequences its bytes hold as slots.
+  Full run (`paged_memory`): sequences_in_budget_paged — the most sequences holding KV at
+  once on a paged engine (`kv_cache_tokens`) with the same bytes and 4x the slots
+  (measured); paged_third_tokens_per_s_over_slots — a paged engine with the same slots and
+  a third of the bytes, tokens/s over the slot engine.
 * --ring-study — decode call cost (8 steps) of a Gemma-like tiny model (5 sliding layers of
   window 64, 1 global) with 16 slots at 1,900 tokens of 2,048: sliding layers held as rings of
   window + 127 positions (the engine's layout) vs the whole slot; `ring_study_full_over_ring`.
-* --paging-study — decode step cost of a paged KV cache (16-token pages, block table,
-  gathered pages) over the span-bucket layout, same model and span (docs/engine.md).
+* --paging-study — decode call cost of the engine's paged kernel (16-token pages in random
+  order, the span gathered once per call) over its slot-layout kernel, same model, span
+  and filled length, at 8 fused steps (`paged_over_bucket_cost`) and 1 (docs/engine.md).
 
 Every timed figure is the median of alternating pairs after a warm-up run of the very same
 workload (so the timed part compiles nothing; `timed_compiles` reports it). `*_cpu` figures
@@ -420,89 +424,97 @@ def ring_study(batch=16, filled=1900, max_seq_len=2048, window=64, chunk=128, ca
 # ---------------------------------------------------------------------- paging study
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6), donate_argnums=(2, 3))
-def _paged_step(graphdef, state, k_pool, v_pool, tok_b, pos_b, pages, table_bp):
-    """One greedy decode step over a paged KV cache: per-layer pools [P, K, 16, H], a block
-    table [B, pages_per_seq]; attention gathers the first `pages` pages of every row."""
-    model = nnx.merge(graphdef, state)
-    b, page = tok_b.shape[0], k_pool[0].shape[2]
-    positions = pos_b[:, None]
-    x = model.embed_tokens(tok_b[:, None])
-    span = pages * page
-    mask = (jnp.arange(span)[None, :] <= pos_b[:, None])[:, None, :]  # [B, 1, L]
-    blk = jnp.take_along_axis(table_bp, (pos_b // page)[:, None], axis=1)[:, 0]
-    off = pos_b % page
-    new_k, new_v = [], []
-    for layer, block in enumerate(model.layers):
-        attn = block.attn
-        q, kk, vv = attn.qkv(block.attn_norm(x), positions)
-        kp = k_pool[layer].at[blk, :, off].set(kk[:, 0].astype(k_pool[layer].dtype))
-        vp = v_pool[layer].at[blk, :, off].set(vv[:, 0].astype(v_pool[layer].dtype))
-        ids = table_bp[:, :pages]  # [B, pages]
-        kg = kp[ids].transpose(0, 2, 1, 3, 4).reshape(b, kp.shape[1], span, -1)  # [B, K, L, H]
-        vg = vp[ids].transpose(0, 2, 1, 3, 4).reshape(b, vp.shape[1], span, -1)
-        out = cached_attention(q, kg, vg, mask, scale=attn.scale, softcap=attn.softcap)
-        x = block._finish(x, attn.o_proj(out.reshape(b, 1, -1)))
-        new_k.append(kp)
-        new_v.append(vp)
-    nxt = jnp.argmax(model.logits(model.final_norm(x))[:, 0], axis=-1).astype(jnp.int32)
-    return tuple(new_k), tuple(new_v), nxt
-
-
-def paging_study(model, batch=32, filled=120, max_seq_len=1024, steps=64, page=16):
-    """Decode step cost (process CPU ms, 1 step per call, median of interleaved calls): the
-    engine's contiguous head-major cache read over a span bucket vs a paged cache (16-token
-    pages, a block table, pages gathered for attention), both attending over 128 positions."""
-    from agentax.engine._kernels import ModelDef, decode_steps
+def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
+    """Decode call cost (process CPU ms, median of interleaved calls) of the engine's own
+    kernels with every slot at `filled` tokens, attending over 128 positions: the slot layout
+    (a row of max_seq_len per slot, the span sliced) against the paged cache (pages in a
+    random order, the span gathered from them), at 8 fused steps (the default) and at 1."""
+    from agentax.engine._config import PAGE
+    from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
+    from agentax.engine._runner import _page_pool
     from agentax.models import init_cache
 
     cfg = model.config
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
     model_def = ModelDef(graphdef, treedef)
-    cache = init_cache(cfg, batch, max_seq_len)
-    st, samp, stop = _active_decode_args(batch, filled)
-    per_seq = max_seq_len // page
-    pool_shape = (batch * per_seq, cfg.num_kv_heads, page, cfg.head_dim)
-    k_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
-    v_pool = tuple(jnp.zeros(pool_shape, jnp.dtype(cfg.dtype)) for _ in range(cfg.num_layers))
+    per_seq = max_seq_len // PAGE
+    engine_cfg = EngineConfig(max_slots=batch, max_seq_len=max_seq_len,
+                              kv_cache_tokens=batch * max_seq_len)
+    caches = {"bucket": init_cache(cfg, batch, max_seq_len), "paged": _page_pool(cfg, engine_cfg)}
     table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
                         .reshape(batch, per_seq).astype(np.int32))
-    tok, pos = jnp.ones(batch, jnp.int32), jnp.full(batch, filled, jnp.int32)
-    span = 128
-    times = {"bucket": [], "paged": []}
-    for i in range(steps + 2):
-        c = time.process_time()
-        *out, cache = decode_steps(model_def, leaves, cache, st, samp, stop, 1, span)
-        jax.block_until_ready(out)
-        if i >= 2:
-            times["bucket"].append(time.process_time() - c)
-        c = time.process_time()
-        k_pool, v_pool, tok = _paged_step(graphdef, state, k_pool, v_pool, tok, pos, span // page,
-                                          table)
-        jax.block_until_ready(tok)
-        if i >= 2:
-            times["paged"].append(time.process_time() - c)
-    bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
-    return {"paging_study_bucket_ms": bucket, "paging_study_paged_ms": paged,
-            "paged_over_bucket_cost": paged / bucket}
+    st, samp, stop = _active_decode_args(batch, filled)
+    out = {}
+    for steps in (8, 1):
+        times = {"bucket": [], "paged": []}
+        for i in range(calls + 1):  # the first call of each compiles
+            for name in times:
+                c = time.process_time()
+                if name == "paged":
+                    *res, caches[name] = decode_steps_paged(
+                        model_def, leaves, caches[name], table, st, samp, stop, steps, 128,
+                        max_seq_len)
+                else:
+                    *res, caches[name] = decode_steps(model_def, leaves, caches[name], st, samp,
+                                                      stop, steps, 128)
+                jax.block_until_ready(res)
+                if i:
+                    times[name].append(time.process_time() - c)
+        bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+        tag = "" if steps == 8 else f"_steps_{steps}"
+        out.update({f"paging_study_bucket_ms{tag}": bucket, f"paging_study_paged_ms{tag}": paged,
+                    f"paged_over_bucket_cost{tag}": paged / bucket})
+    return out
 
 
-def memory_figures(engine, prompts, lengths, page=16):
-    """KV bytes per token held, and sequences that fit the engine's KV budget, for the
-    workload's final sequence lengths: the slot layout (every sequence holds max_seq_len
-    positions) against a paged layout of 16-token pages (computed, not implemented)."""
+def memory_figures(engine, prompts, lengths):
+    """KV bytes per token held in the slot layout (every sequence holds max_seq_len positions)
+    for the workload's final sequence lengths."""
     cfg = engine.config
     per_token = engine.kv_cache_bytes / (cfg.max_slots * cfg.max_seq_len)
     held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
-    paged = np.ceil(held / page) * page
     return {
         "kv_bytes_per_token_held": per_token * cfg.max_seq_len / float(held.mean()),
         "kv_bytes_per_token": per_token,
         "sequences_in_budget_slots": cfg.max_slots,
-        "sequences_in_budget_paged_computed": int(engine.kv_cache_bytes // (per_token * paged.mean())),
         "mean_sequence_tokens": float(held.mean()),
     }
+
+
+def paged_memory(model, config, prompts, lengths, slot_tokens_per_s):
+    """The same workload (sequences released when all are done, so finished ones stay parked,
+    as an agent's between turns) on paged engines (`kv_cache_tokens`):
+    sequences_in_budget_paged — with the slot engine's positions (so its bytes: the tiny model
+    has no sliding layers) and 4x its slots, the most sequences holding KV at once (measured);
+    paged_third_tokens_per_s_over_slots — with the slot engine's slots and a third of its
+    bytes, tokens/s over the slot engine's continuous run (warm runs)."""
+    params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i) for i, n in enumerate(lengths)]
+    out = {}
+    for key, slots, tokens in (("budget", 4 * config.max_slots,
+                                config.max_slots * config.max_seq_len),
+                               ("third", config.max_slots,
+                                config.max_slots * config.max_seq_len // 3)):
+        cfg = dataclasses.replace(config, max_slots=slots, kv_cache_tokens=tokens)
+        with Engine(model, cfg) as engine:
+            asyncio.run(_continuous(engine, prompts, params))  # warm-up
+            _, t = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
+            s = engine.stats()
+        if key == "budget":
+            held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
+            per_token = engine.kv_cache_bytes / tokens
+            out.update({
+                "sequences_in_budget_paged": s.kv_sequences_peak,
+                "kv_cache_bytes_paged": engine.kv_cache_bytes,
+                # A finished sequence keeps the pages of the positions it wrote.
+                "kv_bytes_per_token_held_paged": per_token * float(
+                    (np.ceil(held / 16) * 16).mean() / held.mean()),
+            })
+        else:
+            out.update({"paged_third_tokens_per_s_over_slots": sum(lengths) / t
+                        / slot_tokens_per_s, "paged_third_evictions": s.evictions,
+                        "paged_third_kv_cache_bytes": engine.kv_cache_bytes})
+    return out
 
 
 async def _episode(engine, rng_seed, turns, continuation, tool_latency):
@@ -575,6 +587,8 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
         out["compiles"] = engine.num_compiles
         out["kv_cache_bytes"] = engine.kv_cache_bytes
         out.update(memory_figures(engine, prompts, lengths))
+    if steps_sweep:  # full run only: another engine, 4x the slots, to compile
+        out.update(paged_memory(model, config, prompts, lengths, out["continuous_tokens_per_s"]))
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
     if steps_sweep:

@@ -280,6 +280,7 @@ def assert_pages_consistent(sched):
     held = [p for seq in sched.sequences.values() for p in seq.pages]
     assert len(held) == len(set(held)) and not set(held) & set(sched.free_pages)
     assert len(held) + len(sched.free_pages) == PAGED.kv_pages == sched.config.kv_pages
+    assert sched.holders == sum(1 for seq in sched.sequences.values() if seq.pages)
     for seq in sched.sequences.values():
         assert not seq.pages or seq.slot is not None
         if seq.pages:

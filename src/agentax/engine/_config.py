@@ -190,3 +190,7 @@ class EngineStats:
     """Pages of a paged cache held by sequences now (0 without one)."""
     kv_pages_peak: int = 0
     """The most pages held at once since construction."""
+    kv_sequences_peak: int = 0
+    """The most sequences holding pages at once (running or parked) since construction."""
+    decoding_peak: int = 0
+    """The most slots decoding together in one decode call since construction."""

@@ -147,6 +147,8 @@ class Scheduler:
         self.free_pages = list(range(cfg.kv_pages - 1, -1, -1))  # pop() takes the lowest
         self.page_table = np.zeros((s, pages_for(cfg.max_seq_len)), np.int32)
         self.table_version = 0
+        self.holders = 0
+        """Sequences holding pages now (running or parked)."""
         """Bumped whenever `page_table` changes (the runner re-sends it)."""
 
         self.sequences: collections.OrderedDict[int, _Sequence] = collections.OrderedDict()
@@ -269,6 +271,7 @@ class Scheduler:
         if len(seq.pages) > keep:
             self.free_pages.extend(seq.pages[keep:])
             del seq.pages[keep:]
+            self.holders -= not seq.pages
 
     def _reserve(self, req: _Request) -> bool:
         """Gives `req`'s sequence (which holds a slot) the pages of every position the
@@ -290,10 +293,13 @@ class Scheduler:
                 return False
             self._evict(behind[0])
         if need > 0:
+            self.holders += not seq.pages
             seq.pages.extend(self.free_pages.pop() for _ in range(need))
             self.page_table[seq.slot, : len(seq.pages)] = seq.pages
             self.table_version += 1
-            self.counts["kv_pages_peak"] = max(self.counts["kv_pages_peak"], self.pages_used())
+            c = self.counts
+            c["kv_pages_peak"] = max(c["kv_pages_peak"], self.pages_used())
+            c["kv_holders_peak"] = max(c["kv_holders_peak"], self.holders)
         return True
 
     def pages_used(self) -> int:
@@ -405,8 +411,10 @@ class Scheduler:
         # its own buffer, so the span need not cover the fused steps.
         end = int(self.pos[self.active].max())
         state = np.stack([self.tok, self.pos, self.active.astype(np.int32), self.remaining])
+        active = int(self.active.sum())
+        self.counts["decoding_peak"] = max(self.counts["decoding_peak"], active)
         return DecodePlan(state_4s=state, attend_len=self.config.attend_bucket(end),
-                          steps=steps, active=int(self.active.sum()))
+                          steps=steps, active=active)
 
     def finish_decode(self, plan: DecodePlan, tokens_sn: np.ndarray, logprobs_sn: np.ndarray,
                       counts_s: np.ndarray, version: int) -> None:
