@@ -34,9 +34,9 @@ Workloads (same model, same kernels, measured in one run, per model preset):
 * kv_bytes_per_token_held, sequences_in_budget_slots — KV memory per token the workload's
   sequences really hold in the slot layout, and how many sequences its bytes hold as slots.
   Full run (`paged_memory`): sequences_in_budget_paged — the most sequences holding KV at
-  once on a paged engine (`kv_cache_tokens`) with the same bytes and 4x the slots
-  (measured); paged_third_tokens_per_s_over_slots — a paged engine with the same slots and
-  a third of the bytes, tokens/s over the slot engine.
+  once on a paged engine (`kv_cache_tokens`) with the same slots and bytes (measured),
+  paged_tokens_per_s_over_slots; paged_third_tokens_per_s_over_slots — a third of the
+  bytes; decode_temp_bytes_* — a decode call's working set on top of the cache.
 * --ring-study — decode call cost (8 steps) of a Gemma-like tiny model (5 sliding layers of
   window 64, 1 global) with 16 slots at 1,900 tokens of 2,048: sliding layers held as rings of
   window + 127 positions (the engine's layout) vs the whole slot; `ring_study_full_over_ring`.
@@ -428,10 +428,13 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
     """Decode call cost (process CPU ms, median of interleaved calls) of the engine's own
     kernels with every slot at `filled` tokens, attending over 128 positions: the slot layout
     (a row of max_seq_len per slot, the span sliced) against the paged cache (pages in a
-    random order, the span gathered from them), at 8 fused steps (the default) and at 1."""
+    random order, the span gathered from them), at 8 fused steps (the default) and at 1; and
+    a prefill call of 8 rows x 64 tokens at positions 64..127 (span 128)."""
     from agentax.engine._config import PAGE
-    from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
+    from agentax.engine._kernels import (ModelDef, decode_steps, decode_steps_paged,
+                                         prefill_chunk, prefill_chunk_paged)
     from agentax.engine._runner import _page_pool
+    from agentax.engine._sampling import RowSampling
     from agentax.models import init_cache
 
     cfg = model.config
@@ -465,6 +468,30 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
         tag = "" if steps == 8 else f"_steps_{steps}"
         out.update({f"paging_study_bucket_ms{tag}": bucket, f"paging_study_paged_ms{tag}": paged,
                     f"paged_over_bucket_cost{tag}": paged / bucket})
+    # Prefill: 8 rows feed a second chunk of 64 tokens (positions 64..127, span 128).
+    rows, chunk = 8, 64
+    ids = jnp.ones((rows, chunk), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(chunk, 2 * chunk, dtype=jnp.int32), (rows, chunk))
+    slots = jnp.arange(rows, dtype=jnp.int32)
+    samp = RowSampling(jnp.zeros(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
+                       jnp.zeros(rows, jnp.uint32))
+    times = {"bucket": [], "paged": []}
+    for i in range(calls + 1):
+        for name in times:
+            c = time.process_time()
+            if name == "paged":
+                *res, caches[name] = prefill_chunk_paged(
+                    model_def, leaves, caches[name], table, ids, positions, slots, samp, 128,
+                    max_seq_len)
+            else:
+                *res, caches[name] = prefill_chunk(model_def, leaves, caches[name], ids,
+                                                   positions, slots, samp, 128)
+            jax.block_until_ready(res)
+            if i:
+                times[name].append(time.process_time() - c)
+    bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+    out.update({"paging_study_prefill_bucket_ms": bucket, "paging_study_prefill_paged_ms": paged,
+                "paged_over_bucket_prefill_cost": paged / bucket})
     return out
 
 
@@ -482,25 +509,30 @@ def memory_figures(engine, prompts, lengths):
     }
 
 
-def paged_memory(model, config, prompts, lengths, slot_tokens_per_s):
-    """The same workload (sequences released when all are done, so finished ones stay parked,
-    as an agent's between turns) on paged engines (`kv_cache_tokens`):
-    sequences_in_budget_paged — with the slot engine's positions (so its bytes: the tiny model
-    has no sliding layers) and 4x its slots, the most sequences holding KV at once (measured);
-    paged_third_tokens_per_s_over_slots — with the slot engine's slots and a third of its
-    bytes, tokens/s over the slot engine's continuous run (warm runs)."""
+def paged_memory(model, config, prompts, lengths, slot_tokens_per_s, episodes=0):
+    """The same workload on paged engines (`kv_cache_tokens`) with the slot engine's 32 slots,
+    sequences released when all are done (finished ones stay parked, as an agent's between
+    turns; parked paged sequences hold pages, not slots), warm runs:
+    `same`: the slot engine's positions (so its bytes: the tiny model has no sliding layers):
+      sequences_in_budget_paged — the most sequences holding KV at once (measured);
+      paged_tokens_per_s_over_slots — tokens/s over the slot engine's continuous run;
+    `third`: a third of those bytes: paged_third_tokens_per_s_over_slots.
+    With `episodes`, `bench_episodes` on the `same` engine too (`*_paged`): parked episodes
+    between turns hold pages, not slots, so more of them keep their cache.
+    The decode kernels' working set (a gathered span, max_slots x span bucket positions per
+    layer, as the slot layout's sliced span) comes on top of the cache in both layouts:
+    decode_temp_bytes_{slots,paged} at the largest span (XLA's memory analysis)."""
     params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i) for i, n in enumerate(lengths)]
+    positions = config.max_slots * config.max_seq_len
     out = {}
-    for key, slots, tokens in (("budget", 4 * config.max_slots,
-                                config.max_slots * config.max_seq_len),
-                               ("third", config.max_slots,
-                                config.max_slots * config.max_seq_len // 3)):
-        cfg = dataclasses.replace(config, max_slots=slots, kv_cache_tokens=tokens)
+    for key, tokens in (("same", positions), ("third", positions // 3)):
+        cfg = dataclasses.replace(config, kv_cache_tokens=tokens)
         with Engine(model, cfg) as engine:
             asyncio.run(_continuous(engine, prompts, params))  # warm-up
             _, t = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
             s = engine.stats()
-        if key == "budget":
+        ratio = sum(lengths) / t / slot_tokens_per_s
+        if key == "same":
             held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
             per_token = engine.kv_cache_bytes / tokens
             out.update({
@@ -509,11 +541,46 @@ def paged_memory(model, config, prompts, lengths, slot_tokens_per_s):
                 # A finished sequence keeps the pages of the positions it wrote.
                 "kv_bytes_per_token_held_paged": per_token * float(
                     (np.ceil(held / 16) * 16).mean() / held.mean()),
+                "paged_tokens_per_s_over_slots": ratio, "paged_evictions": s.evictions,
             })
+            if episodes:  # the 4-turn episodes, more of them than slots, on this engine
+                with Engine(model, cfg) as engine:
+                    ep = bench_episodes(engine, episodes)
+                out.update({f"{k}_paged": v for k, v in ep.items()})
         else:
-            out.update({"paged_third_tokens_per_s_over_slots": sum(lengths) / t
-                        / slot_tokens_per_s, "paged_third_evictions": s.evictions,
+            out.update({"paged_third_tokens_per_s_over_slots": ratio,
+                        "paged_third_evictions": s.evictions,
                         "paged_third_kv_cache_bytes": engine.kv_cache_bytes})
+    out.update(decode_temp_bytes(model, config))
+    return out
+
+
+def decode_temp_bytes(model, config):
+    """Temporary bytes XLA allocates for one decode call at the largest span below the slot
+    (the slot layout slices its span, a copy; at the whole slot it reads in place) and at
+    the whole slot, slot layout and paged."""
+    from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
+    from agentax.engine._runner import _page_pool
+    from agentax.models import init_cache
+
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    model_def = ModelDef(graphdef, treedef)
+    b, t = config.max_slots, config.max_seq_len
+    paged_cfg = dataclasses.replace(config, kv_cache_tokens=b * t)
+    cache, pool = init_cache(model.config, b, t), _page_pool(model.config, paged_cfg)
+    table = jnp.zeros((b, -(-t // 16)), jnp.int32)
+    st, samp, stop = _active_decode_args(b, 0)
+    stop = jnp.full((b, config.max_stop_ids), -1, jnp.int32)
+    out = {}
+    for span in (config.attend_buckets[-2] if len(config.attend_buckets) > 1 else t, t):
+        tag = "" if span == t else f"_span_{span}"
+        slot = decode_steps.lower(model_def, leaves, cache, st, samp, stop,
+                                  config.decode_steps_per_call, span).compile()
+        paged = decode_steps_paged.lower(model_def, leaves, pool, table, st, samp, stop,
+                                         config.decode_steps_per_call, span, t).compile()
+        out[f"decode_temp_bytes_slots{tag}"] = slot.memory_analysis().temp_size_in_bytes
+        out[f"decode_temp_bytes_paged{tag}"] = paged.memory_analysis().temp_size_in_bytes
     return out
 
 
@@ -588,7 +655,8 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
         out["kv_cache_bytes"] = engine.kv_cache_bytes
         out.update(memory_figures(engine, prompts, lengths))
     if steps_sweep:  # full run only: another engine, 4x the slots, to compile
-        out.update(paged_memory(model, config, prompts, lengths, out["continuous_tokens_per_s"]))
+        out.update(paged_memory(model, config, prompts, lengths, out["continuous_tokens_per_s"],
+                                episodes))
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
     if steps_sweep:

@@ -282,8 +282,7 @@ def assert_pages_consistent(sched):
     assert len(held) + len(sched.free_pages) == PAGED.kv_pages == sched.config.kv_pages
     assert sched.holders == sum(1 for seq in sched.sequences.values() if seq.pages)
     for seq in sched.sequences.values():
-        assert not seq.pages or seq.slot is not None
-        if seq.pages:
+        if seq.slot is not None:  # running: its slot's row of the table lists its pages
             assert sched.page_table[seq.slot, : len(seq.pages)].tolist() == seq.pages
 
 
@@ -299,8 +298,9 @@ def test_paged_admission_reserves_pages_waits_fifo_and_keeps_only_what_was_writt
     assert list(sched.waiting) == [b, c] and b.seq.slot is None and c.seq.slot is None
     assert_pages_consistent(sched)
     finish_all(sched)
-    # a wrote 10 + 9 positions and keeps their 2 pages, parked; b's 3 evict it.
-    assert a.result.num_tokens == 10 and len(a.seq.pages) == 2
+    # a wrote 10 + 9 positions and keeps their 2 pages, parked, without a slot; b's 3 evict it.
+    assert a.result.num_tokens == 10 and len(a.seq.pages) == 2 and a.seq.slot is None
+    assert sched.slot_counts() == (0, 0, 4)
     sched.admit()
     assert sched.counts["evictions"] == 1 and a.seq.pages == [] and a.seq.slot is None
     assert len(b.seq.pages) == 3 and len(c.seq.pages) == 1 and not sched.waiting
@@ -311,6 +311,32 @@ def test_paged_admission_reserves_pages_waits_fifo_and_keeps_only_what_was_writt
     sched.release(c.result.sequence_id)
     assert sched.pages_used() == 3
     assert_pages_consistent(sched)
+
+
+def test_paged_parked_sequences_hold_pages_not_slots():
+    sched = Scheduler(PAGED)  # 4 slots, 4 pages
+    first = [request([i + 1] * 3, SamplingParams(max_tokens=2)) for i in range(4)]
+    for r in first:
+        sched.accept(r)
+    sched.admit()
+    finish_all(sched)
+    assert sched.slot_counts() == (0, 0, 4) and sched.holders == 4
+    # Two new conversations: slots are free, pages are not (LRU parked ones go) ...
+    more = [request([9], SamplingParams(max_tokens=2)) for _ in range(2)]
+    for r in more:
+        sched.accept(r)
+    sched.admit()
+    assert sched.counts["evictions"] == 2 and first[0].seq.pages == [] == first[1].seq.pages
+    finish_all(sched)
+    # ... and a parked one continues on whatever slot is free, its cache intact.
+    cont = request([7], SamplingParams(max_tokens=2), sequence_id=first[3].seq.id)
+    sched.accept(cont)
+    sched.admit()
+    assert cont.pending == cont.seq.tokens[-2:] and cont.seq.cached == 4
+    assert sched.page_table[cont.seq.slot, 0] == cont.seq.pages[0]
+    assert_pages_consistent(sched)
+    finish_all(sched)
+    assert cont.result.num_tokens == 2 and sched.counts["evictions"] == 2
 
 
 def test_paged_continuations_that_cannot_both_fit_do_not_deadlock():

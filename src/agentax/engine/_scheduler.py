@@ -108,7 +108,9 @@ class Scheduler:
 
     With a paged cache (`EngineConfig.kv_cache_tokens`) it also owns the pages: a request
     is admitted once the pages its sequence may fill are reserved (`_reserve`), and
-    `page_table[slot]` lists the pages of the sequence in that slot, in position order.
+    `page_table[slot]` lists the pages of the sequence in that slot, in position order. A
+    finished sequence keeps its pages but not its slot (slots are decode rows; a continuation
+    takes any free one), so parked conversations are bounded by pages, not by max_slots.
 
     Args:
       config: the engine's sizes.
@@ -238,9 +240,11 @@ class Scheduler:
                 if slot is None:
                     blocked = True  # FIFO: later requests needing a slot wait behind this one
                     continue
-                seq.slot, seq.cached = slot, 0
+                seq.slot = slot
+                if not seq.pages:  # a parked paged sequence keeps what its pages hold
+                    seq.cached = 0
                 self.slot_seq[slot] = seq
-            if self.paged and not self._reserve(req):
+            if self.paged and not self._reserve(req, new_slot):
                 if new_slot:  # keeps no slot while it waits
                     self.slot_seq[seq.slot] = None
                     seq.slot = None
@@ -262,7 +266,8 @@ class Scheduler:
 
     def _evict(self, seq: _Sequence) -> None:
         """Drops a sequence's cache (slot and pages); continued, it is prefilled again."""
-        self.slot_seq[seq.slot] = None
+        if seq.slot is not None:
+            self.slot_seq[seq.slot] = None
         seq.slot, seq.cached = None, 0
         self._free_pages(seq, 0)
         self.counts["evictions"] += 1
@@ -273,33 +278,34 @@ class Scheduler:
             del seq.pages[keep:]
             self.holders -= not seq.pages
 
-    def _reserve(self, req: _Request) -> bool:
-        """Gives `req`'s sequence (which holds a slot) the pages of every position the
-        request may write, evicting caches that no running request needs: parked sequences
-        (least recently used first), then those of requests waiting behind (they wait
-        anyway, and are prefilled again when admitted). False if that is not enough."""
+    def _reserve(self, req: _Request, new_slot: bool) -> bool:
+        """Gives `req`'s sequence (which holds a slot, `new_slot` if just given) the pages of
+        every position the request may write, evicting caches that no running request needs:
+        parked sequences (least recently used first), then those of requests waiting behind
+        (they wait anyway, and are prefilled again when admitted). False if that is not
+        enough."""
         seq = req.seq
         written = min(len(seq.tokens) + req.params.max_tokens - 1, self.config.max_seq_len - 1)
         need = pages_for(written) - len(seq.pages)
         while len(self.free_pages) < need:
-            parked = [q for q in self.slot_seq
-                      if q is not None and q.request is None and q.pages]
+            parked = [q for q in self.sequences.values()
+                      if q.request is None and q.pages]
             if parked:
                 self._evict(min(parked, key=lambda q: q.last_used))
                 continue
-            behind = [q.seq for q in reversed(self.waiting)
-                      if q.seq is not seq and q.seq.slot is not None and q.seq.pages]
+            behind = [q.seq for q in reversed(self.waiting) if q.seq is not seq and q.seq.pages]
             if not behind:
                 return False
             self._evict(behind[0])
         if need > 0:
             self.holders += not seq.pages
             seq.pages.extend(self.free_pages.pop() for _ in range(need))
-            self.page_table[seq.slot, : len(seq.pages)] = seq.pages
-            self.table_version += 1
             c = self.counts
             c["kv_pages_peak"] = max(c["kv_pages_peak"], self.pages_used())
             c["kv_holders_peak"] = max(c["kv_holders_peak"], self.holders)
+        if need > 0 or new_slot:
+            self.page_table[seq.slot, : len(seq.pages)] = seq.pages
+            self.table_version += 1
         return True
 
     def pages_used(self) -> int:
@@ -500,7 +506,10 @@ class Scheduler:
         seq.last_used = self._use_clock
         if seq.slot is not None:
             self.active[seq.slot] = False
-        self._free_pages(seq, pages_for(seq.cached))  # the unused part of its reservation
+        if self.paged and seq.slot is not None:  # parked in its pages; the slot is free
+            self._free_pages(seq, pages_for(seq.cached))  # the unused part of its reservation
+            self.slot_seq[seq.slot] = None
+            seq.slot = None
         self.counts["completed"] += 1
         self.counts["total_tokens"] += len(req.out_tokens)
         completion = Completion(
