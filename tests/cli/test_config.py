@@ -100,6 +100,12 @@ def test_fixing_one_field_in_the_same_override_set_is_accepted():
     assert cfg.engine.max_slots == 8
 
 
+def test_a_paged_cache_lets_episodes_outnumber_slots():
+    # Parked episodes hold pages, not slots: 8 decode rows serve 32 episodes in flight.
+    cfg = load_config(None, ["engine.max_slots=8", "engine.kv_cache_tokens=4096"])
+    assert cfg.engine.max_slots == 8 < cfg.pipeline.max_concurrency
+
+
 def test_yaml_round_trip_and_precedence(tmp_path):
     cfg = load_config(None, ["pipeline.mode=sync", "pipeline.max_staleness=0", "run.steps=5"])
     path = tmp_path / "run.yaml"

@@ -378,13 +378,15 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             "sampling.temperature=0 makes all samples of a group identical (zero advantage "
             f"for {t.advantage!r}): set sampling.temperature>0 (e.g. 1.0)")
-    if e.max_slots < p.max_concurrency:
+    # With a paged cache a parked episode holds pages, not a slot: fewer slots only queue turns.
+    if e.max_slots < p.max_concurrency and not e.kv_cache_tokens:
         raise ConfigError(
             f"engine.max_slots={e.max_slots} < pipeline.max_concurrency={p.max_concurrency}: "
             "every episode in flight holds an engine slot (its KV cache stays parked between "
             f"turns); set engine.max_slots={p.max_concurrency} or pipeline.max_concurrency="
-            f"{e.max_slots}")
-    if e.max_slots < cfg.eval.max_concurrency:
+            f"{e.max_slots}, or page the cache (engine.kv_cache_tokens: parked episodes then "
+            "hold pages, not slots)")
+    if e.max_slots < cfg.eval.max_concurrency and not e.kv_cache_tokens:
         raise ConfigError(
             f"engine.max_slots={e.max_slots} < eval.max_concurrency={cfg.eval.max_concurrency}: "
             f"set eval.max_concurrency={e.max_slots}")

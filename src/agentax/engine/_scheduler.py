@@ -149,9 +149,9 @@ class Scheduler:
         self.free_pages = list(range(cfg.kv_pages - 1, -1, -1))  # pop() takes the lowest
         self.page_table = np.zeros((s, pages_for(cfg.max_seq_len)), np.int32)
         self.table_version = 0
+        """Bumped whenever `page_table` changes (the runner re-sends it)."""
         self.holders = 0
         """Sequences holding pages now (running or parked)."""
-        """Bumped whenever `page_table` changes (the runner re-sends it)."""
 
         self.sequences: collections.OrderedDict[int, _Sequence] = collections.OrderedDict()
         self._next_sequence_id = 1
@@ -226,9 +226,9 @@ class Scheduler:
     # ------------------------------------------------------------------ admission
 
     def admit(self) -> None:
-        """Gives waiting requests slots, FIFO; a parked continuation returns to its own slot.
-        With a paged cache a request also needs its pages; one that cannot have them stops
-        admission until pages are freed (FIFO)."""
+        """Gives waiting requests slots, FIFO; a parked continuation returns to its own slot
+        (paged: to any free slot, its pages kept). With a paged cache a request also needs
+        its pages; one that cannot have them stops admission until pages are freed (FIFO)."""
         blocked = False
         for req in list(self.waiting):
             seq = req.seq
@@ -281,17 +281,17 @@ class Scheduler:
     def _reserve(self, req: _Request, new_slot: bool) -> bool:
         """Gives `req`'s sequence (which holds a slot, `new_slot` if just given) the pages of
         every position the request may write, evicting caches that no running request needs:
-        parked sequences (least recently used first), then those of requests waiting behind
-        (they wait anyway, and are prefilled again when admitted). False if that is not
-        enough."""
+        parked sequences (the least recently continued first: `sequences` is kept in that
+        order, so the scan stops at the first), then those of requests waiting behind (they
+        wait anyway, and are prefilled again when admitted). False if that is not enough."""
         seq = req.seq
         written = min(len(seq.tokens) + req.params.max_tokens - 1, self.config.max_seq_len - 1)
         need = pages_for(written) - len(seq.pages)
         while len(self.free_pages) < need:
-            parked = [q for q in self.sequences.values()
-                      if q.request is None and q.pages]
-            if parked:
-                self._evict(min(parked, key=lambda q: q.last_used))
+            parked = next((q for q in self.sequences.values() if q.request is None and q.pages),
+                          None)
+            if parked is not None:
+                self._evict(parked)
                 continue
             behind = [q.seq for q in reversed(self.waiting) if q.seq is not seq and q.seq.pages]
             if not behind:
