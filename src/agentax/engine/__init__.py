@@ -1,7 +1,7 @@
 """agentax.engine: continuous-batching generation in JAX with an asyncio front end.
 
-`Engine(model, EngineConfig(...), eos_token_ids=...)` owns a preallocated KV cache of
-`max_slots` sequences and a background step thread; `await engine.generate(ids, params,
+`Engine(model, EngineConfig(...), eos_token_ids=...)` owns a preallocated KV cache (rows of
+`max_slots` sequences, or a pool of pages with `kv_cache_tokens`) and a background step thread; `await engine.generate(ids, params,
 sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions.
 See docs/engine.md.
 

@@ -48,10 +48,12 @@ class EngineConfig:
     kv_cache_tokens: int = 0
     """KV positions the cache holds for all sequences together. 0: one row of max_seq_len
     positions per slot, preallocated (max_slots x max_seq_len). Set: a pool of 16-token
-    pages, so memory follows the tokens held: a sequence holds the pages its tokens fill
-    (while a request runs, also those its max_tokens may fill); a request waits until its
-    pages are free (parked sequences are evicted for them, least recently used first), and
-    max_slots can exceed what rows of max_seq_len would fit. At least max_seq_len - 1."""
+    pages, so held memory follows the tokens: a sequence holds the pages its tokens fill
+    (while a request runs, also those its max_tokens may fill); a finished one keeps its
+    pages but not its slot, so parked conversations are bounded by pages, not max_slots. A
+    request waits until its pages are free (parked sequences are evicted for them, least
+    recently continued first). A decode call's working set (max_slots x its span bucket, all
+    layers) comes on top in both layouts (docs/engine.md). At least max_seq_len - 1."""
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
