@@ -370,3 +370,27 @@ def test_paged_cache_must_hold_one_whole_sequence():
     with pytest.raises(ValueError, match="kv_cache_tokens=40 cannot hold one sequence"):
         EngineConfig(max_seq_len=64, kv_cache_tokens=40)
     assert EngineConfig(max_seq_len=64, kv_cache_tokens=63).kv_pages == 4
+
+
+def test_paged_cancel_release_and_failure_return_every_page():
+    sched = Scheduler(PAGED)
+    running = request([1] * 20, SamplingParams(max_tokens=20))  # 3 pages
+    parked = request([2] * 5, SamplingParams(max_tokens=2))
+    sched.accept(parked)
+    sched.admit()
+    finish_all(sched)
+    sched.accept(running)
+    sched.admit()
+    prefill_all(sched)
+    decode(sched, lambda s, j: 3)
+    assert sched.pages_used() == 4 and sched.holders == 2
+    sched.cancel(running)  # mid-decode: its sequence and its 3 pages go
+    assert sched.pages_used() == 1 and sched.slot_counts() == (0, 0, 4)
+    assert_pages_consistent(sched)
+    cont = request([4], SamplingParams(max_tokens=30), sequence_id=parked.result.sequence_id)
+    sched.accept(cont)
+    sched.admit()
+    assert sched.pages_used() == 3
+    sched.fail_all(RuntimeError("device lost"))
+    assert sched.pages_used() == 0 and sched.holders == 0 and not sched.sequences
+    assert_pages_consistent(sched)
