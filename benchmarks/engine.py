@@ -448,23 +448,25 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
     table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
                         .reshape(batch, per_seq).astype(np.int32))
     st, samp, stop = _active_decode_args(batch, filled)
-    out = {}
-    for steps in (8, 1):
+
+    def interleaved(call):
+        """Medians (ms of process CPU) of `call(name)` for both layouts, alternated."""
         times = {"bucket": [], "paged": []}
         for i in range(calls + 1):  # the first call of each compiles
             for name in times:
                 c = time.process_time()
-                if name == "paged":
-                    *res, caches[name] = decode_steps_paged(
-                        model_def, leaves, caches[name], table, st, samp, stop, steps, 128,
-                        max_seq_len)
-                else:
-                    *res, caches[name] = decode_steps(model_def, leaves, caches[name], st, samp,
-                                                      stop, steps, 128)
+                *res, caches[name] = call(name)
                 jax.block_until_ready(res)
                 if i:
                     times[name].append(time.process_time() - c)
-        bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+        return (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+
+    out = {}
+    for steps in (8, 1):
+        bucket, paged = interleaved(lambda name: decode_steps_paged(
+            model_def, leaves, caches[name], table, st, samp, stop, steps, 128, max_seq_len)
+            if name == "paged" else decode_steps(model_def, leaves, caches[name], st, samp,
+                                                 stop, steps, 128))
         tag = "" if steps == 8 else f"_steps_{steps}"
         out.update({f"paging_study_bucket_ms{tag}": bucket, f"paging_study_paged_ms{tag}": paged,
                     f"paged_over_bucket_cost{tag}": paged / bucket})
@@ -475,21 +477,10 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
     slots = jnp.arange(rows, dtype=jnp.int32)
     samp = RowSampling(jnp.zeros(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
                        jnp.zeros(rows, jnp.uint32))
-    times = {"bucket": [], "paged": []}
-    for i in range(calls + 1):
-        for name in times:
-            c = time.process_time()
-            if name == "paged":
-                *res, caches[name] = prefill_chunk_paged(
-                    model_def, leaves, caches[name], table, ids, positions, slots, samp, 128,
-                    max_seq_len)
-            else:
-                *res, caches[name] = prefill_chunk(model_def, leaves, caches[name], ids,
-                                                   positions, slots, samp, 128)
-            jax.block_until_ready(res)
-            if i:
-                times[name].append(time.process_time() - c)
-    bucket, paged = (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
+    bucket, paged = interleaved(lambda name: prefill_chunk_paged(
+        model_def, leaves, caches[name], table, ids, positions, slots, samp, 128, max_seq_len)
+        if name == "paged" else prefill_chunk(model_def, leaves, caches[name], ids, positions,
+                                              slots, samp, 128))
     out.update({"paging_study_prefill_bucket_ms": bucket, "paging_study_prefill_paged_ms": paged,
                 "paged_over_bucket_prefill_cost": paged / bucket})
     return out
