@@ -46,20 +46,25 @@ def test_a_call_longer_than_the_ring_was_sized_for_is_refused():
     model.forward_cached(tokens[:, :4], positions[:, :4], cache)  # 4 fit
 
 
-def test_gemma3_engine_with_rings_matches_transformers(tmp_path):
+@pytest.mark.parametrize("paged", [False, True], ids=["rings", "paged"])
+def test_gemma3_engine_with_rings_matches_transformers(tmp_path, paged):
     hf = make_hf_model("gemma3")  # window 8 on layers 0 and 2
     hf.save_pretrained(tmp_path)
     model = load_pretrained(tmp_path)
     # Chunks of 8 and 4 fused decode steps: rings of 8 + 8 - 1 = 15 positions. Prompts of
-    # up to 40 tokens (5 chunks) and 24 new tokens wrap them four times.
+    # up to 40 tokens (5 chunks) and 24 new tokens wrap them four times. Paged: every layer
+    # in 16-token pages (the window masks), 160 positions for the 3 sequences.
     config = EngineConfig(max_slots=3, max_seq_len=80, prefill_chunk=8, min_prefill_bucket=8,
-                          decode_steps_per_call=4, min_attend_bucket=16)
+                          decode_steps_per_call=4, min_attend_bucket=16,
+                          kv_cache_tokens=160 if paged else 0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, VOCAB, size=n).tolist() for n in (40, 9, 23)]
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     with Engine(model, config) as engine:
         rings = 2 * 3 * 1 * 32 * 4 * (15 + 80 + 15)  # K/V x slots x kv heads x head_dim x f32
-        assert engine.kv_cache_bytes == rings < kv_cache_bytes(model.config, 3, 80)
+        pages = 2 * 3 * 1 * 32 * 4 * 160  # K/V x layers x kv heads x head_dim x f32
+        assert engine.kv_cache_bytes == (pages if paged else rings)
+        assert engine.kv_cache_bytes < kv_cache_bytes(model.config, 3, 80)
 
         async def episode():
             outs = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
