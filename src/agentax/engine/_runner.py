@@ -108,7 +108,8 @@ class Runner:
     def _page_table(self, sched: Scheduler) -> jax.Array:
         """The scheduler's page table on the device, re-sent only when it changed."""
         if self._table_version != sched.table_version:
-            self._table = jax.device_put(sched.page_table, self._device)
+            # A copy: on CPU device_put may alias the numpy buffer the scheduler edits later.
+            self._table = jax.device_put(sched.page_table.copy(), self._device)
             self._table_version = sched.table_version
         return self._table
 
