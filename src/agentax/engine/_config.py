@@ -194,5 +194,3 @@ class EngineStats:
     """The most pages held at once since construction."""
     kv_sequences_peak: int = 0
     """The most sequences holding pages at once (running or parked) since construction."""
-    decoding_peak: int = 0
-    """The most slots decoding together in one decode call since construction."""

@@ -285,8 +285,7 @@ class Engine:
             first_step_s=self._first_step_s,
             kv_pages_used=sched.pages_used(),
             kv_pages_peak=c["kv_pages_peak"],
-            kv_sequences_peak=c["kv_holders_peak"],
-            decoding_peak=c["decoding_peak"],
+            kv_sequences_peak=c["kv_sequences_peak"],
         )
 
     def wait_compiled(self, timeout: float | None = None) -> bool:

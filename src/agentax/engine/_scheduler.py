@@ -302,7 +302,7 @@ class Scheduler:
             seq.pages.extend(self.free_pages.pop() for _ in range(need))
             c = self.counts
             c["kv_pages_peak"] = max(c["kv_pages_peak"], self.pages_used())
-            c["kv_holders_peak"] = max(c["kv_holders_peak"], self.holders)
+            c["kv_sequences_peak"] = max(c["kv_sequences_peak"], self.holders)
         if need > 0 or new_slot:
             self.page_table[seq.slot, : len(seq.pages)] = seq.pages
             self.table_version += 1
@@ -417,10 +417,8 @@ class Scheduler:
         # its own buffer, so the span need not cover the fused steps.
         end = int(self.pos[self.active].max())
         state = np.stack([self.tok, self.pos, self.active.astype(np.int32), self.remaining])
-        active = int(self.active.sum())
-        self.counts["decoding_peak"] = max(self.counts["decoding_peak"], active)
         return DecodePlan(state_4s=state, attend_len=self.config.attend_bucket(end),
-                          steps=steps, active=active)
+                          steps=steps, active=int(self.active.sum()))
 
     def finish_decode(self, plan: DecodePlan, tokens_sn: np.ndarray, logprobs_sn: np.ndarray,
                       counts_s: np.ndarray, version: int) -> None:
