@@ -32,15 +32,16 @@ def main(steps):
     tokenizer = ByteTokenizer()
     model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
                                          num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
-    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=192, prefill_chunk=64),
+    # The system prompt (ToolAgent's instructions and calc's JSON schema) is ~630 bytes alone.
+    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=768, prefill_chunk=128),
                     eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
     collector = Collector(engine, tokenizer,
                           env_factory=lambda: ToolEnvironment([calculator], "math_verify"),
                           agent_factory=lambda: ToolAgent([calculator]),
                           sampling=SamplingParams(temperature=1.0, max_tokens=24),
-                          config=CollectorConfig(max_turns=3, max_episode_tokens=180))
+                          config=CollectorConfig(max_turns=3, max_episode_tokens=760))
     trainer = RLTrainer(model, TrainerConfig(learning_rate=1e-3, micro_batch_size=16,
-                                             max_seq_len=192, min_seq_bucket=64))
+                                             max_seq_len=768, min_seq_bucket=128))
     pipeline = Pipeline(collector, trainer, engine, TASKS,
                         PipelineConfig(group_size=4, groups_per_step=4, max_concurrency=16,
                                        filters=()),

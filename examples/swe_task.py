@@ -35,13 +35,14 @@ def main(steps):
     tokenizer = ByteTokenizer()
     model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
                                          num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
-    engine = Engine(model, EngineConfig(max_slots=8, max_seq_len=2048, prefill_chunk=256),
+    # SWEAgent's instructions and six tool schemas are ~3,200 bytes before the task's own text.
+    engine = Engine(model, EngineConfig(max_slots=8, max_seq_len=4096, prefill_chunk=256),
                     eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
     collector = Collector(engine, tokenizer, lambda: SWEEnvironment(max_steps=2), SWEAgent,
                           SamplingParams(temperature=1.0, max_tokens=32),
-                          CollectorConfig(max_turns=2, max_episode_tokens=2000))
+                          CollectorConfig(max_turns=2, max_episode_tokens=4000))
     trainer = RLTrainer(model, TrainerConfig(learning_rate=1e-3, micro_batch_size=4,
-                                             max_seq_len=2048, min_seq_bucket=512))
+                                             max_seq_len=4096, min_seq_bucket=512))
     pipeline = Pipeline(collector, trainer, engine, swe_tasks(),
                         PipelineConfig(group_size=2, groups_per_step=2, max_concurrency=4,
                                        filters=()),

@@ -1,5 +1,7 @@
 """Every example in examples/ runs to the end in a subprocess, in its reduced form: one RL step
-of its real training run (engine, collector, pipeline, trainer), which the example asserts."""
+of its real training run (engine, collector, pipeline, trainer), which the example asserts.
+swe_task.py is marked slow (`.ci/run` runs it after the default suite): its byte-level prompt
+of ~3,200 tokens makes one step ~50 s on 2 cores, most of it the trainer's 4096-long rows."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
+SLOW = {"swe_task.py"}
 
 
 def test_the_expected_examples_exist():
@@ -21,7 +24,8 @@ def test_the_expected_examples_exist():
     } <= set(SCRIPTS)  # fmt: skip
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", [
+    pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in SCRIPTS])
 def test_example_runs(script):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     text = (EXAMPLES / script).read_text()

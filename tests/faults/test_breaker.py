@@ -136,6 +136,15 @@ def test_model_calls_that_always_time_out_stop_the_run(make_run):
     assert "timeout (model_timeout)" in str(error) and "to change: collector.model_timeout_s" in str(error)
 
 
+def test_prompts_longer_than_the_episode_budget_stop_the_run(make_run):
+    # Every first prompt (~25 tokens) fills a 10-token budget: no model call, nothing trained.
+    run = make_run(EchoEnv, max_episode_tokens=10)
+    error = _stopped(run.pipeline(), "failures")
+    assert "model_error (prompt_too_long)" in str(error)
+    assert "collector.max_episode_tokens=10" in str(error)
+    assert "to change: collector.max_episode_tokens" in str(error)
+
+
 def test_negative_timeouts_are_rejected():
     with pytest.raises(ValueError, match="collector.model_timeout_s must be a positive"):
         CollectorConfig(model_timeout_s=-1)

@@ -168,3 +168,17 @@ def test_scripted_engine_refuses_a_released_sequence():
 
     cut = asyncio.run(run())
     assert cut.num_tokens == 3 and cut.finish_reason is FinishReason.LENGTH
+
+
+def test_a_first_prompt_over_the_budget_is_an_error_not_a_truncation():
+    """An episode whose prompt alone fills max_episode_tokens never calls the model: it must not
+    reach the trainer as an empty "truncated" trajectory, and the message says what to raise."""
+    engine = ScriptedEngine(["7"], tokenizer=TOK)
+    traj, env = collect(engine, max_episode_tokens=20)
+    assert traj.status is TrajectoryStatus.MODEL_ERROR and traj.info["reason"] == "prompt_too_long"
+    assert "max_episode_tokens=20" in traj.info["error"] and traj.num_generated == 0
+    assert traj.info["turns"] == 0 and engine.live_sequences == set() and env.closed == 1
+    # One position left: one reply token, then the budget runs out (a truncation, trainable).
+    traj, _ = collect(ScriptedEngine(["3"], tokenizer=TOK), max_episode_tokens=traj.num_tokens + 1)
+    assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "episode_limit"
+    assert traj.info["turns"] == 1 and traj.num_generated == 1

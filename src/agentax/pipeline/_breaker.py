@@ -78,6 +78,9 @@ def _engine_error_names() -> set[str]:
 
 def _knob_for(reason: str) -> str:
     """The config knob (or code) behind a failure reason recorded by the collector."""
+    if reason == "prompt_too_long":
+        return ("collector.max_episode_tokens (with engine.max_seq_len and trainer.max_seq_len), "
+                "or a shorter prompt")
     if reason == "model_timeout":
         return "collector.model_timeout_s, or what slows the engine"
     if reason == "episode_timeout":

@@ -48,7 +48,8 @@ class CollectorConfig:
     max_turns: int = 8
     """Model calls per episode before it is truncated."""
     max_episode_tokens: int = 1024
-    """Token budget of a whole episode (prompt + generated + observations); truncated beyond."""
+    """Token budget of a whole episode (prompt + generated + observations); truncated beyond.
+    A first prompt that fills it alone ends the episode as `model_error` ("prompt_too_long")."""
     model_timeout_s: float = 120.0
     """Limit for one model call (queueing for a slot included)."""
     reward_timeout_s: float = 30.0
@@ -225,6 +226,15 @@ class Collector:
             state.add_time("env_s", t)
         agent.observe(observation)
         prompt_ids = builder.start(agent.messages)
+        if builder.num_tokens >= cfg.max_episode_tokens:
+            # Not a limit reached: no episode of this task can start (nothing to train on).
+            state.fail(TrajectoryStatus.MODEL_ERROR, "prompt_too_long",
+                       f"the first prompt is {builder.num_tokens} tokens and "
+                       f"collector.max_episode_tokens={cfg.max_episode_tokens} leaves no room "
+                       "for a reply: raise max_episode_tokens above it (with the engine's and "
+                       "the trainer's max_seq_len) or shorten the system prompt, tool "
+                       "descriptions or first observation")
+            return
         params = dataclasses.replace(self.sampling, seed=seed)
         while True:
             budget = cfg.max_episode_tokens - builder.num_tokens
