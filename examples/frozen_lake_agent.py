@@ -28,7 +28,9 @@ def main(steps):
     tokenizer = ByteTokenizer()
     model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
                                          num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
-    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=1024, prefill_chunk=128),
+    # One prefill chunk shape (prompts ~560 bytes, observations ~180): 11 kernels, not 17.
+    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=1024, prefill_chunk=128,
+                                        min_prefill_bucket=128),
                     eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
     collector = Collector(engine, tokenizer,
                           env_factory=lambda: make_frozen_lake(is_slippery=True, max_steps=4),
