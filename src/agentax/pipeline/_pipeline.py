@@ -165,6 +165,7 @@ class Pipeline:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentax-trainer")
         self._drop_streak = 0
         self._failure: asyncio.Future | None = None
+        self._abandoned: set[asyncio.Task] = set()  # had their cancellation grace (`arun`)
         self._waiting_since: float | None = None  # the trainer waits for groups since then
 
     # ------------------------------------------------------------------ shared pieces
@@ -298,6 +299,7 @@ class Pipeline:
             left = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for t in left:
                 t.cancel()
+            left = [t for t in left if t not in self._abandoned]  # not a second grace
             if left:
                 loop.run_until_complete(asyncio.wait(left, timeout=self._cancel_grace_s()))
             loop.run_until_complete(loop.shutdown_asyncgens())
@@ -336,8 +338,7 @@ class Pipeline:
             # Bounded: an environment that swallows CancelledError must not hang the shutdown.
             _, stuck = await asyncio.wait({body, stall}, timeout=self._cancel_grace_s())
             if stuck:
-                log.error("episodes ignored cancellation for %.0f s (%s); abandoning them",
-                          self._cancel_grace_s(), describe_stuck(list(asyncio.all_tasks())) or "?")
+                self._abandon_pending()
             if self._failure.done():
                 self._failure.exception()  # retrieved (raised above, or the run had finished)
             else:
@@ -466,7 +467,10 @@ class Pipeline:
             producer.cancel()
             for task in list(running):
                 task.cancel()
-            await asyncio.wait({producer, *running, *dropped}, timeout=self._cancel_grace_s())
+            _, stuck = await asyncio.wait({producer, *running, *dropped},
+                                          timeout=self._cancel_grace_s())
+            if stuck:
+                self._abandon_pending()
             while not ready.empty():
                 pool.append(ready.get_nowait())
             for _, group in pool:
@@ -517,6 +521,14 @@ class Pipeline:
                 pool.remove(item)
                 return item
         return None
+
+    def _abandon_pending(self) -> None:
+        """Cancelled tasks outlived their grace: says where they wait and leaves them (with the
+        episodes they gathered, which had the same grace) out of `run`'s final wait."""
+        pending = {t for t in asyncio.all_tasks() if not t.done()}
+        log.error("episodes ignored cancellation for %.0f s (%s); abandoning them",
+                  self._cancel_grace_s(), describe_stuck(list(pending)) or "?")
+        self._abandoned |= pending
 
     def _cancel_grace_s(self) -> float:
         """How long cancelled episodes get to unwind (they close their environments)."""
