@@ -107,6 +107,38 @@ def test_bad_input_is_an_error_or_a_counted_behaviour(model):
     assert m.advantage_abs_mean == 0.0 and m.grad_norm == 0.0
 
 
+def _with_tail(traj, n, rng):
+    """`traj` followed by `n` untrained tokens (an episode's final observation)."""
+    return dataclasses.replace(
+        traj, token_ids=np.r_[traj.token_ids, rng.integers(0, 256, n)].astype(np.int32),
+        loss_mask=np.r_[traj.loss_mask, np.zeros(n, np.int8)],
+        logprobs=np.r_[traj.logprobs, np.zeros(n, np.float32)],
+        versions=np.r_[traj.versions, np.full(n, -1, np.int32)])
+
+
+def test_untrained_tails_cost_nothing_and_cut_trained_tokens_are_counted(model, caplog):
+    rng = np.random.default_rng(5)
+    groups = make_groups(seed=4, num_groups=2)
+    # Tails of 40-80 tokens take every sequence past max_seq_len=64: nothing trained is lost.
+    tailed = [dataclasses.replace(g, trajectories=tuple(
+        _with_tail(t, int(rng.integers(40, 80)), rng) for t in g.trajectories)) for g in groups]
+    a = RLTrainer(model, base_config()).step(groups)
+    b = RLTrainer(model, base_config()).step(tailed)
+    assert b.truncated_sequences == 0 and b.num_positions == a.num_positions
+    assert b.num_tokens == a.num_tokens and b.loss == pytest.approx(a.loss, abs=1e-6)
+    assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
+    # Trained tokens past the limit are left out, counted and logged (once) with the fix.
+    long = Group(group_id="l", task_id="l", trajectories=(
+        make_traj(rng, 10, 70, 1.0), make_traj(rng, 10, 20, 0.0)))
+    trainer = RLTrainer(model, base_config())
+    with caplog.at_level("WARNING", logger="agentax.train._base"):
+        m = trainer.step([long])
+        trainer.step([long])
+    assert m.truncated_sequences == 1 and m.num_tokens == (64 + 1 - 10) + 20  # 65 tokens kept
+    assert caplog.text.count("beyond trainer.max_seq_len=64") == 1
+    assert "raise trainer.max_seq_len to 79" in caplog.text
+
+
 @pytest.mark.parametrize("on_nonfinite", ["skip", "stop"])
 def test_non_finite_logits_skip_the_update(model, on_nonfinite):
     trainer = RLTrainer(model, base_config(on_nonfinite=on_nonfinite))

@@ -8,6 +8,7 @@ only the `nnx.LoRAParam`s when LoRA is on; everything else is frozen `rest`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import jax
@@ -37,6 +38,8 @@ from agentax.train._step import (
 )
 
 __all__ = ["TrainerBase", "ValueHead"]
+
+log = logging.getLogger(__name__)
 
 
 class ValueHead(nnx.Module):
@@ -99,6 +102,7 @@ class TrainerBase:
         """Optimizer updates applied (skipped updates do not count)."""
         self.num_skipped_steps = 0
         """Steps whose update was skipped (non-finite loss/grads, or nothing to train)."""
+        self._warned_cut = False  # trained tokens beyond max_seq_len are logged once
         self.data_position = 0
         """How many groups (RL) or examples (SFT) the trainer has consumed; checkpointed."""
 
@@ -214,11 +218,23 @@ class TrainerBase:
     def _put_counts(self, counts) -> dict:
         return jax.device_put({k: np.float32(v) for k, v in counts.items()}, self._replicated)
 
-    def _cut(self, ids, *arrays):
-        """Cuts a sequence to max_seq_len + 1 tokens; returns (cut arrays, was_cut)."""
+    def _cut(self, ids, mask, *arrays):
+        """Drops the tokens after the last trained one (with causal attention they change no
+        loss: an episode's final observation costs no positions), then cuts to max_seq_len + 1
+        tokens; returns (arrays, whether trained tokens were cut). Lost trained tokens are
+        logged once per trainer, with the length that would have kept them."""
+        trained = np.flatnonzero(np.asarray(mask) > 0)
+        end = int(trained[-1]) + 1 if trained.size else ids.shape[0]
         limit = self.config.max_seq_len + 1
-        cut = ids.shape[0] > limit
-        return tuple(None if a is None else a[:limit] for a in (ids, *arrays)), cut
+        cut = end > limit and trained.size > 0
+        if cut and not self._warned_cut:
+            self._warned_cut = True
+            log.warning("a sequence has trained tokens up to position %d, beyond trainer."
+                        "max_seq_len=%d: they are left out of the loss (counted in "
+                        "truncated_sequences); raise trainer.max_seq_len to %d, or lower "
+                        "collector.max_episode_tokens", end - 1, self.config.max_seq_len, end - 1)
+        end = min(end, limit)
+        return tuple(None if a is None else a[:end] for a in (ids, mask, *arrays)), cut
 
     # ------------------------------------------------------------------ update
 

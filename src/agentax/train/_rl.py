@@ -71,7 +71,8 @@ class TrainMetrics:
     invalid_sequences: int = 0
     """Trajectories left out of the loss because their reward was NaN/inf."""
     truncated_sequences: int = 0
-    """Trajectories cut to max_seq_len."""
+    """Trajectories whose trained tokens reach beyond max_seq_len (those tokens are not
+    trained; untrained tails, e.g. a final observation, are dropped without counting)."""
     num_compiles: int = 0
     step_time_s: float = 0.0
     extra: Mapping[str, float] = dataclasses.field(default_factory=dict)
