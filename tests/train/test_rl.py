@@ -135,8 +135,8 @@ def test_untrained_tails_cost_nothing_and_cut_trained_tokens_are_counted(model, 
         m = trainer.step([long])
         trainer.step([long])
     assert m.truncated_sequences == 1 and m.num_tokens == (64 + 1 - 10) + 20  # 65 tokens kept
-    assert caplog.text.count("beyond trainer.max_seq_len=64") == 1
-    assert "raise trainer.max_seq_len to 79" in caplog.text
+    assert caplog.text.count("beyond the trainer's max_seq_len=64") == 1
+    assert "raise max_seq_len to 79" in caplog.text
 
 
 @pytest.mark.parametrize("on_nonfinite", ["skip", "stop"])

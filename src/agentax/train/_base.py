@@ -218,21 +218,24 @@ class TrainerBase:
     def _put_counts(self, counts) -> dict:
         return jax.device_put({k: np.float32(v) for k, v in counts.items()}, self._replicated)
 
-    def _cut(self, ids, mask, *arrays):
-        """Drops the tokens after the last trained one (with causal attention they change no
-        loss: an episode's final observation costs no positions), then cuts to max_seq_len + 1
-        tokens; returns (arrays, whether trained tokens were cut). Lost trained tokens are
-        logged once per trainer, with the length that would have kept them."""
+    def _cut(self, ids, mask, *arrays, drop_tail: bool = False):
+        """Cuts a sequence to max_seq_len + 1 tokens; returns (arrays, whether trained tokens
+        were cut). Lost trained tokens are logged once per trainer, with the length that would
+        have kept them. `drop_tail`: first drop the tokens after the last trained one (with
+        causal attention they change no loss: an episode's final observation costs no
+        positions)."""
         trained = np.flatnonzero(np.asarray(mask) > 0)
-        end = int(trained[-1]) + 1 if trained.size else ids.shape[0]
+        last = int(trained[-1]) + 1 if trained.size else 0
+        end = last if drop_tail and trained.size else ids.shape[0]
         limit = self.config.max_seq_len + 1
-        cut = end > limit and trained.size > 0
+        cut = last > limit
         if cut and not self._warned_cut:
             self._warned_cut = True
-            log.warning("a sequence has trained tokens up to position %d, beyond trainer."
+            log.warning("a sequence has trained tokens up to position %d, beyond the trainer's "
                         "max_seq_len=%d: they are left out of the loss (counted in "
-                        "truncated_sequences); raise trainer.max_seq_len to %d, or lower "
-                        "collector.max_episode_tokens", end - 1, self.config.max_seq_len, end - 1)
+                        "truncated_sequences); raise max_seq_len to %d, or shorten the "
+                        "sequences (collector.max_episode_tokens)", last - 1,
+                        self.config.max_seq_len, last - 1)
         end = min(end, limit)
         return tuple(None if a is None else a[:end] for a in (ids, mask, *arrays)), cut
 

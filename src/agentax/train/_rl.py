@@ -163,7 +163,8 @@ class RLTrainer(TrainerBase):
             for t in g.trajectories:
                 (ids, mask, lp, ver), cut = self._cut(
                     np.asarray(t.token_ids, np.int32), np.asarray(t.loss_mask, np.float32),
-                    np.asarray(t.logprobs, np.float32), np.asarray(t.versions, np.int32))
+                    np.asarray(t.logprobs, np.float32), np.asarray(t.versions, np.int32),
+                    drop_tail=True)
                 truncated += cut
                 seqs.append(HostSequence(token_ids=ids, loss_mask=mask, logprobs=lp,
                                          versions=ver))

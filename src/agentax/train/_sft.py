@@ -113,6 +113,8 @@ class SFTTrainer(TrainerBase):
         seqs, truncated = [], 0
         for ex in examples:
             s = _as_sequence(ex)
+            # A rendered chat's untrained tail is the template's closing newline: kept (dropping
+            # it would only reshuffle packing, and with it the demo's tuned warm start).
             (ids, mask), cut = self._cut(s.token_ids, s.loss_mask)
             truncated += cut
             seqs.append(HostSequence(token_ids=ids, loss_mask=mask))
