@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import sys
+import threading
 
 import numpy as np
 from flax import nnx
 
 from agentax.engine import Engine, EngineConfig
+from agentax.engine._runner import Runner
 from agentax.models import ModelConfig, Transformer
 from agentax.records import FinishReason, SamplingParams
 
@@ -168,12 +172,28 @@ def test_greedy_across_attention_span_buckets_matches_the_reference(model):
             1 + len(config.prefill_buckets) * len(config.prefill_row_buckets))
 
 
-def test_precompiled_engine_generates_without_compiling(model):
+def test_precompiled_engine_generates_without_compiling(model, monkeypatch):
     # Shapes no other test uses: the kernels are module-level, shared by equal shapes.
     config = EngineConfig(max_slots=5, max_seq_len=72, prefill_chunk=16, precompile=True)
     prompts = random_prompts(np.random.default_rng(4), 3, 3, 40)
+    seen = []  # (thread, its nice value) of the precompilation
+    precompile = Runner.precompile
+
+    def spy(self):
+        seen.append((threading.current_thread().name,
+                     os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return precompile(self)
+
+    monkeypatch.setattr(Runner, "precompile", spy)
     with Engine(model, config) as engine:
         assert engine.wait_compiled(timeout=300)
+        # Compiled on a thread of its own at the lowest CPU priority (Linux: a thread's own
+        # nice value); the step thread that decodes keeps the process's.
+        assert [name for name, _ in seen] == ["agentax-engine-precompile"]
+        if sys.platform.startswith("linux"):
+            assert seen[0][1] == 19
+            assert (os.getpriority(os.PRIO_PROCESS, engine._thread.native_id)
+                    == os.getpriority(os.PRIO_PROCESS, 0))
         compiled = engine.num_compiles
         assert compiled == len(config.attend_buckets) * (
             1 + len(config.prefill_buckets) * len(config.prefill_row_buckets))

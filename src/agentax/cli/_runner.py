@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from agentax._executors import lower_thread_priority
 from agentax.cli._build import (
     TaskSuite,
     build_engine,
@@ -283,7 +284,8 @@ def _precompile_rl(cfg: RunConfig, trainer, *, after: Callable[[], Any]) -> thre
 
     def run() -> None:
         try:
-            if after():  # one compile at a time beside SFT: each one takes a core of its own
+            if after():  # one compile at a time beside SFT, in the cycles SFT leaves idle
+                lower_thread_priority()
                 trainer.precompile(groups)
         except Exception as err:  # noqa: BLE001 - the first step compiles (and fails) instead
             log.warning("compiling the RL step ahead failed (%r); its first step compiles", err)

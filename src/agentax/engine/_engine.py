@@ -22,13 +22,14 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
+from agentax._executors import lower_thread_priority
 from agentax.engine._config import EngineConfig, EngineStats
 from agentax.engine._kernels import compiled_count
 from agentax.engine._requests import (
@@ -58,6 +59,26 @@ def _shutdown_live_engines() -> None:
     # exit while it re-takes the GIL in C++). Stop every engine its owner did not shut down.
     for engine in list(_LIVE):
         engine.shutdown()
+
+
+def _at_low_priority(fn: Callable[[], Any]) -> None:
+    """Runs `fn` on a thread of the lowest CPU priority and waits for it (its errors raise
+    here): the precompilation overlaps its owner's other work (the CLI's SFT warm start)
+    without taking cores from it."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        lower_thread_priority()
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised on the step thread
+            errors.append(err)
+
+    thread = threading.Thread(target=run, name="agentax-engine-precompile", daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
 
 
 class Engine:
@@ -365,7 +386,7 @@ class Engine:
     def _run(self) -> None:
         try:
             if self.config.precompile:
-                self._runner.precompile()
+                _at_low_priority(self._runner.precompile)
             self._compiled.set()
             while True:
                 self._wake.clear()
