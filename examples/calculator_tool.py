@@ -32,8 +32,10 @@ def main(steps):
     tokenizer = ByteTokenizer()
     model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
                                          num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
-    # The system prompt (ToolAgent's instructions and calc's JSON schema) is ~630 bytes alone.
-    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=768, prefill_chunk=128),
+    # The system prompt (ToolAgent's instructions and calc's JSON schema) is ~630 bytes alone;
+    # one prefill chunk shape compiles fewer kernels than chunks of 16 to 128.
+    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=768, prefill_chunk=128,
+                                        min_prefill_bucket=128),
                     eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
     collector = Collector(engine, tokenizer,
                           env_factory=lambda: ToolEnvironment([calculator], "math_verify"),
