@@ -76,7 +76,7 @@ def test_async_bounds_staleness_and_versions_tokens(make_parts, tasks, max_stale
 
 def test_fault_injection_keeps_accounting(make_parts, tasks, flaky_env):
     # 13% of calls raise or hang: at 15% + 10% most episodes failed and, groups of 3 being
-    # dropped whole, the run started ~30 episodes per one trained (19-42 s); ~4 now.
+    # dropped whole, the run started ~30 episodes per one trained (19-42 s); ~4.5 now.
     rng = random.Random(0)
     parts = make_parts(env_factory=lambda: flaky_env(rng, p_raise=0.05, p_hang=0.08))
     result, _ = _run(parts, 3, tasks, mode="async", max_staleness=1)
