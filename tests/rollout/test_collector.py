@@ -8,6 +8,7 @@ import pytest
 
 from agentax.agents import ModelAgent
 from agentax.agents.testing import ScriptedEngine
+from agentax.engine import PromptTooLong
 from agentax.envs import Environment
 from agentax.records import FinishReason, Observation, SamplingParams, StepResult, Task, TrajectoryStatus
 from agentax.rollout import Collector, CollectorConfig
@@ -182,3 +183,17 @@ def test_a_first_prompt_over_the_budget_is_an_error_not_a_truncation():
     traj, _ = collect(ScriptedEngine(["3"], tokenizer=TOK), max_episode_tokens=traj.num_tokens + 1)
     assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "episode_limit"
     assert traj.info["turns"] == 1 and traj.num_generated == 1
+
+
+def test_an_engine_slot_too_small_fails_a_first_prompt_and_truncates_a_later_one():
+    """The engine's own PromptTooLong (its slot, not the episode budget, is full): before any
+    reply nothing can train (model_error, prompt_too_long, with the engine's message); after a
+    reply the earlier turns train (truncated, context_full). Both release their sequence."""
+    full = PromptTooLong("prompt of 40 tokens leaves no room in a slot of max_seq_len=32")
+    traj, env = collect(ScriptedEngine([full], tokenizer=TOK))
+    assert traj.status is TrajectoryStatus.MODEL_ERROR and traj.info["reason"] == "prompt_too_long"
+    assert "max_seq_len=32" in traj.info["error"] and traj.num_generated == 0 and env.closed == 1
+    engine = ScriptedEngine(["1", full], tokenizer=TOK)
+    traj, env = collect(engine)
+    assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "context_full"
+    assert traj.info["turns"] == 1 and traj.num_generated == 2 and engine.live_sequences == set()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agentax.agents import Agent, TrajectoryBuilder
+from agentax.engine import PromptTooLong
 from agentax.envs import EnvError, Environment, compute_reward, ensure_async_env
 from agentax.records import Completion, SamplingParams, Task, Trajectory, TrajectoryStatus
 from agentax.trace import get_tracer, names
@@ -250,6 +251,14 @@ class Collector:
                             prompt_ids, call, sequence_id=state.sequence_id)
                 except TimeoutError:
                     raise _ModelTimeout from None  # told apart from the episode's own timeout
+                except PromptTooLong as e:
+                    # The engine's slot, not the episode budget, ran out: after a turn that is
+                    # a full context (the turns so far train); before one, nothing can start.
+                    if state.turns:
+                        state.status, state.reason = TrajectoryStatus.TRUNCATED, "context_full"
+                    else:
+                        state.fail(TrajectoryStatus.MODEL_ERROR, "prompt_too_long", str(e))
+                    return
                 state.add_time("model_s", t)
                 span.set_arg("generated_tokens", completion.num_tokens)
                 span.set_arg("slot_wait_s", round(completion.queue_time_s, 6))
