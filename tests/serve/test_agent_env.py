@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import openai
 import pytest
 from serve_helpers import MODEL
 
@@ -109,6 +110,43 @@ def test_budget_timeout_reward_fn_and_agent_errors(recording, tok):
     assert out["slow"].status == TrajectoryStatus.TIMEOUT and out["slow"].num_generated > 0
     assert out["broken"].status == TrajectoryStatus.ENV_ERROR and "oops" in out["broken"].info["error"]
     assert out["silent"].status == TrajectoryStatus.OK and out["silent"].reward == 2.0
+
+
+def test_a_prompt_over_the_budget_fails_first_and_truncates_later(recording, tok):
+    """As the collector's own episodes end: a first prompt that fills max_episode_tokens fails the
+    episode (model_error, prompt_too_long: nothing to train) and one that fills it on a later turn
+    ends it truncated with the first turn kept. The SDK sees a 400 either way (its code says
+    which); the model is not called for the over-budget prompt."""
+    codes = []
+
+    async def call(client, msgs):
+        try:
+            return await client.chat.completions.create(model="m", messages=msgs)
+        except openai.BadRequestError as e:
+            codes.append(e.code)
+            raise
+
+    async def long_first(client, task):
+        await call(client, [{"role": "user", "content": "x" * 300}])
+
+    async def long_later(client, task):
+        msgs = [{"role": "user", "content": task.prompt}]
+        r = await call(client, msgs)
+        await call(client, msgs + [r.choices[0].message.model_dump(exclude_none=True),
+                                   {"role": "user", "content": "y" * 300}])
+
+    cfg = CollectorConfig(max_turns=4, max_episode_tokens=200, model_timeout_s=300, episode_timeout_s=600)
+    first = asyncio.run(collector(recording, tok, lambda: OpenAIAgentEnvironment(long_first),
+                                  cfg=cfg).run_episode(TASK, seed=1))
+    assert first.status == TrajectoryStatus.MODEL_ERROR and first.info["reason"] == "prompt_too_long"
+    assert "max_episode_tokens=200" in first.info["error"] and first.num_generated == 0
+    assert recording.calls == [] and codes == ["context_length_exceeded"]
+    later = asyncio.run(collector(recording, tok, lambda: OpenAIAgentEnvironment(long_later),
+                                  cfg=cfg).run_episode(TASK, seed=1))
+    assert later.status == TrajectoryStatus.TRUNCATED, later.info
+    assert later.info["reason"] == "max_episode_tokens=200" and later.info["turns"] == 1
+    ((_, _, c),) = recording.calls
+    assert later.num_generated == c.num_tokens and codes[1:] == ["episode_budget_exhausted"]
 
 
 def test_subprocess_program_posts_its_reward(recording, tok, tmp_path):

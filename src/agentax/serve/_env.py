@@ -164,6 +164,10 @@ class OpenAIAgentEnvironment(Environment):
             server.close_session(session)
         if session.timed_out and status != TrajectoryStatus.TIMEOUT:
             status, reason = TrajectoryStatus.TIMEOUT, "model_timeout"
+        elif session.prompt_too_long and not session.counts["calls"]:
+            # No reply was possible: nothing to train (as the collector's own episodes).
+            status, reason = TrajectoryStatus.MODEL_ERROR, "prompt_too_long"
+            info["error"] = session.prompt_too_long
         elif session.truncated and status in (TrajectoryStatus.OK, TrajectoryStatus.ENV_ERROR):
             status, reason = TrajectoryStatus.TRUNCATED, session.truncated
         if status == TrajectoryStatus.OK and not session.counts["calls"]:

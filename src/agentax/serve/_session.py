@@ -27,7 +27,7 @@ import json
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -103,6 +103,8 @@ class Session:
         self.closed = False
         self.truncated: str | None = None
         """Why the session's budget ran out (then further calls get a 400)."""
+        self.prompt_too_long: str | None = None
+        """Why the episode's first prompt got no reply (it does not fit the budget or a slot)."""
         self.timed_out = False
         """A model call ran past `limits.model_timeout_s`."""
         self.reward: float | None = None
@@ -141,6 +143,8 @@ class Session:
             prompt_ids = self._prompt(req)
             builder = self._builder
             assert builder is not None
+            if lim.max_tokens is not None and builder.num_tokens >= lim.max_tokens:
+                self._over_budget(builder.num_tokens, lim.max_tokens)
             params = self._params(req, builder.num_tokens)
             context = None
             if req.n > 1:  # the other choices start from the same context, on fresh sequences
@@ -168,6 +172,19 @@ class Session:
             elif lim.max_tokens is not None and builder.num_tokens >= lim.max_tokens:
                 self.truncated = f"max_episode_tokens={lim.max_tokens}"
             return choices, int(context.shape[0]) if context is not None else builder.num_tokens - first.num_tokens
+
+    def _over_budget(self, used: int, limit: int) -> NoReturn:
+        """No room for a reply, as the collector decides it: a first prompt fails the episode,
+        a later one ends it truncated (its earlier turns train). The model is not called."""
+        if not self._counts["calls"]:
+            self.prompt_too_long = (f"the first prompt is {used} tokens and max_episode_tokens="
+                                    f"{limit} leaves no room for a reply")
+            raise APIError(400, f"{self.prompt_too_long}: shorten the messages and tools, or raise "
+                           "the run's collector.max_episode_tokens", param="messages",
+                           code="context_length_exceeded")
+        self.truncated = f"max_episode_tokens={limit}"
+        raise APIError(400, f"this episode's budget is spent ({self.truncated}): the conversation "
+                       f"is {used} tokens", code="episode_budget_exhausted")
 
     def _prompt(self, req: ChatRequest) -> np.ndarray:
         """Ids to feed: the new messages' suffix on a continuation, else a fresh segment's prompt."""
@@ -231,7 +248,11 @@ class Session:
             outs = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))),
                                           self.limits.model_timeout_s)
         except PromptTooLong as e:
-            self.truncated = "context_full" if self.sampling is not None else None
+            if self.sampling is not None:  # a training episode: as the collector ends it
+                if self._counts["calls"]:
+                    self.truncated = "context_full"
+                else:
+                    self.prompt_too_long = str(e)
             raise APIError(400, f"the conversation does not fit the model's context: {e}",
                            param="messages", code="context_length_exceeded") from None
         except TimeoutError:
