@@ -31,7 +31,8 @@ def vowel_reward(task: Task, response: str) -> float:
 class Parts:
     """Model, engine, trainer and collector built fresh (same seeds) for one run."""
 
-    def __init__(self, *, max_slots=8, env_factory=None, max_tokens=12, collector_config=None):
+    def __init__(self, *, max_slots=8, env_factory=None, max_tokens=12, collector_config=None,
+                 **trainer_kw):
         self.tok = ByteTokenizer()
         model = Transformer(MODEL, rngs=nnx.Rngs(0))
         self.engine = Engine(
@@ -40,8 +41,9 @@ class Parts:
             eos_token_ids=self.tok.eos_token_ids, tokenizer=self.tok,
         )
         self.trainer = RLTrainer(
-            model, TrainerConfig(learning_rate=3e-3, micro_batch_size=8, max_seq_len=128,
-                                 min_seq_bucket=64, off_policy="tis", is_cap=2.0),
+            model, TrainerConfig(**{"learning_rate": 3e-3, "micro_batch_size": 8, "max_seq_len": 128,
+                                    "min_seq_bucket": 64, "off_policy": "tis", "is_cap": 2.0,
+                                    **trainer_kw}),
         )
         self.collector = Collector(
             self.engine, self.tok,

@@ -120,6 +120,19 @@ def test_all_equal_filter_drops_counts_and_warns(make_parts, tasks, caplog):
     assert set(acc.failed) <= {TrajectoryStatus.CANCELLED.value}
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf x 0 in the schedule
+def test_a_step_the_trainer_skips_trains_no_episode(make_parts, tasks):
+    """A real RLTrainer told to skip non-finite updates (an infinite learning rate makes every
+    update non-finite) applies nothing: its episodes are counted as filtered, not trained."""
+    parts = make_parts(learning_rate=float("inf"), on_nonfinite="skip")
+    result, seen = _run(parts, 2, tasks, mode="sync")
+    assert all(rec.metrics.skipped for rec in result.steps) and parts.trainer.step_count == 0
+    fed = sum(len(g.trajectories) for groups in seen for g in groups)
+    assert fed == 12 and result.accounting.trained == 0
+    assert result.accounting.filtered["train_step_skipped"] == fed
+    result.accounting.check()
+
+
 def test_group_staleness():
     from agentax.records import Group, Trajectory
 

@@ -270,7 +270,12 @@ class Pipeline:
         trajs = [t for g in groups for t in g.trajectories]
         for traj in trajs:
             self.accounting.statuses[traj.status.value] += 1
-        self.accounting.trained += len(trajs)
+        if getattr(metrics, "skipped", False):
+            # The trainer applied no update (no trained tokens, or a non-finite one it was told
+            # to skip): these episodes were not trained on.
+            self.accounting.filtered["train_step_skipped"] += len(trajs)
+        else:
+            self.accounting.trained += len(trajs)
         rewards = np.asarray([t.reward for t in trajs], np.float32)
         record = StepRecord(
             step=self.version, policy_version=self.version,
