@@ -120,7 +120,8 @@ def test_episode_limit_truncates(limit):
     engine = ScriptedEngine(lambda text: "1", tokenizer=TOK)
     config = {"max_turns": 3} if limit == "max_turns" else {"max_turns": 1000, "max_episode_tokens": 400}
     traj, env = collect(engine, **config)
-    assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "episode_limit"
+    assert traj.status is TrajectoryStatus.TRUNCATED
+    assert traj.info["reason"] == ("max_turns=3" if limit == "max_turns" else "max_episode_tokens=400")
     if limit == "max_turns":
         assert traj.info["turns"] == 3
     else:
@@ -180,8 +181,10 @@ def test_a_first_prompt_over_the_budget_is_an_error_not_a_truncation():
     assert "max_episode_tokens=20" in traj.info["error"] and traj.num_generated == 0
     assert traj.info["turns"] == 0 and engine.live_sequences == set() and env.closed == 1
     # One position left: one reply token, then the budget runs out (a truncation, trainable).
-    traj, _ = collect(ScriptedEngine(["3"], tokenizer=TOK), max_episode_tokens=traj.num_tokens + 1)
-    assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "episode_limit"
+    budget = traj.num_tokens + 1
+    traj, _ = collect(ScriptedEngine(["3"], tokenizer=TOK), max_episode_tokens=budget)
+    assert traj.status is TrajectoryStatus.TRUNCATED
+    assert traj.info["reason"] == f"max_episode_tokens={budget}"
     assert traj.info["turns"] == 1 and traj.num_generated == 1
 
 
@@ -197,3 +200,46 @@ def test_an_engine_slot_too_small_fails_a_first_prompt_and_truncates_a_later_one
     traj, env = collect(engine)
     assert traj.status is TrajectoryStatus.TRUNCATED and traj.info["reason"] == "context_full"
     assert traj.info["turns"] == 1 and traj.num_generated == 2 and engine.live_sequences == set()
+
+
+def test_most_episodes_cut_by_a_budget_warn_once_with_the_knob(caplog, monkeypatch):
+    """A budget too small for the task (every episode cut after one reply) trains on nothing but
+    cut episodes: the run says so once, with the limit, the turns, the prompt and the knob;
+    episodes cut by the environment's own step limit are the task's business, not a warning."""
+    from agentax.rollout import _collector
+
+    monkeypatch.setattr(_collector, "_warned_cuts", set())
+    engine = ScriptedEngine(lambda text: "1", tokenizer=TOK)
+    collector = Collector(engine, TOK, Guess, ModelAgent, SamplingParams(max_tokens=8),
+                          CollectorConfig(max_turns=100, max_episode_tokens=40))
+
+    async def run(n):
+        return [await collector.run_episode(TASK, seed=i) for i in range(n)]
+
+    with caplog.at_level("WARNING", logger="agentax.rollout._collector"):
+        trajs = asyncio.run(run(63))
+        assert all(t.info["reason"] == "max_episode_tokens=40" for t in trajs) and not caplog.records
+        asyncio.run(run(70))
+    (warning,) = caplog.records
+    prompt = trajs[0].turns[0].prompt_ids.size
+    assert ("64 of the last 64 episodes were cut short (max_episode_tokens=40) after 1.0 model "
+            f"calls on average (first prompt {prompt} tokens): raise collector.max_episode_tokens"
+            ) in warning.getMessage()
+
+
+def test_episodes_the_environment_ends_do_not_warn(caplog, monkeypatch):
+    from agentax.rollout import _collector
+
+    class Short(Guess):
+        max_steps = 1
+
+    monkeypatch.setattr(_collector, "_warned_cuts", set())
+    collector = Collector(ScriptedEngine(lambda text: "1", tokenizer=TOK), TOK, Short, ModelAgent,
+                          SamplingParams(max_tokens=8), CollectorConfig(max_episode_tokens=4096))
+
+    async def run():
+        return [await collector.run_episode(TASK, seed=i) for i in range(64)]
+
+    with caplog.at_level("WARNING", logger="agentax.rollout._collector"):
+        trajs = asyncio.run(run())
+    assert {t.info["reason"] for t in trajs} == {"env_truncated"} and not caplog.records

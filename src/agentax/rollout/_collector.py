@@ -17,8 +17,10 @@ limits, close, reward, the whole episode). Whatever happens, an episode returns 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -113,6 +115,7 @@ class Collector:
         self.reward_fn = reward_fn
         self.template_kwargs = template_kwargs or {}
         self.tracer = get_tracer()
+        self._cuts = _CutWatch()
 
     async def run_episode(
         self, task: Task, *, seed: int, group_id: str = "", sample_index: int = 0
@@ -127,6 +130,7 @@ class Collector:
         ) as span:
             traj = await self._run(task, seed, group_id, sample_index, flow)
             span.set_arg(names.ARG_STATUS, traj.status.value)
+            self._cuts.record(traj)
             return traj
 
     async def _run(
@@ -239,8 +243,12 @@ class Collector:
         params = dataclasses.replace(self.sampling, seed=seed)
         while True:
             budget = cfg.max_episode_tokens - builder.num_tokens
-            if state.turns >= cfg.max_turns or budget <= 0:
-                state.status, state.reason = TrajectoryStatus.TRUNCATED, "episode_limit"
+            if state.turns >= cfg.max_turns:
+                state.status, state.reason = TrajectoryStatus.TRUNCATED, f"max_turns={cfg.max_turns}"
+                return
+            if budget <= 0:
+                state.status = TrajectoryStatus.TRUNCATED
+                state.reason = f"max_episode_tokens={cfg.max_episode_tokens}"
                 return
             call = dataclasses.replace(params, max_tokens=min(params.max_tokens, budget))
             with tracer.span(names.MODEL_CALL, args={"prompt_tokens": int(len(prompt_ids))}) as span:
@@ -296,6 +304,48 @@ class Collector:
                 await env.close()
         except Exception:  # noqa: BLE001 - close failures are counted, never fatal
             state.info["close_failed"] = True
+
+
+_log = logging.getLogger(__name__)
+
+_CUT_ADVICE = {
+    "max_episode_tokens": "raise collector.max_episode_tokens (with the engine's and the "
+                          "trainer's max_seq_len), or shorten the prompts and sampling.max_tokens",
+    "max_turns": "raise collector.max_turns if the task needs more model calls",
+    "context_full": "raise the engine's max_seq_len (with collector.max_episode_tokens)",
+}
+_warned_cuts: set[str] = set()
+
+
+class _CutWatch:
+    """Warns (once per process and limit) when most recent episodes end cut by one of the
+    collector's own limits: a budget too small for the task trains only on cut episodes, which
+    nothing else in a run's output shows."""
+
+    window, share = 64, 0.5
+
+    def __init__(self) -> None:
+        self._recent: collections.deque = collections.deque(maxlen=self.window)
+
+    def record(self, traj: Trajectory) -> None:
+        reason = str(traj.info.get("reason", ""))
+        cut = traj.status is TrajectoryStatus.TRUNCATED and reason.split("=")[0] in _CUT_ADVICE
+        self._recent.append((reason, len(traj.turns),
+                             int(traj.turns[0].prompt_ids.size) if traj.turns else 0) if cut else None)
+        if len(self._recent) < self.window:
+            return
+        top = collections.Counter(r[0] for r in self._recent if r is not None).most_common(1)
+        if not top or top[0][1] < self.share * self.window or top[0][0] in _warned_cuts:
+            return
+        reason, n = top[0]
+        _warned_cuts.add(reason)
+        cuts = [r for r in self._recent if r is not None and r[0] == reason]
+        turns = sum(r[1] for r in cuts) / n
+        prompt = sum(r[2] for r in cuts) / n
+        _log.warning(
+            "%d of the last %d episodes were cut short (%s) after %.1f model calls on average "
+            "(first prompt %.0f tokens): %s", n, self.window, reason, turns, prompt,
+            _CUT_ADVICE[reason.split("=")[0]])
 
 
 class _ModelTimeout(Exception):
