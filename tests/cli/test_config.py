@@ -59,6 +59,8 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
     (["engine.max_slots=8"], "holds an engine slot", "engine.max_slots=32"),
     (["sampling.temperature=0"], "identical", "sampling.temperature>0"),
     (["engine.max_seq_len=100"], "holds the whole episode", "engine.max_seq_len"),
+    (["collector.max_episode_tokens=512"], "holds the whole episode",  # both knobs in one go
+     "raise engine.max_seq_len to 513 or more, and trainer.max_seq_len=128 to 512"),
     (["trainer.max_seq_len=64", "trainer.min_seq_bucket=64"], "would be cut",
      "trainer.max_seq_len=128"),
     (["tasks.factory=null"], "no tasks", "tasks.train_file=PATH"),

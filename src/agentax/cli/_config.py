@@ -391,10 +391,12 @@ def validate(cfg: RunConfig) -> None:
             f"engine.max_slots={e.max_slots} < eval.max_concurrency={cfg.eval.max_concurrency}: "
             f"set eval.max_concurrency={e.max_slots}")
     if e.max_seq_len <= c.max_episode_tokens:
+        also = (f", and trainer.max_seq_len={t.max_seq_len} to {c.max_episode_tokens}"
+                if t.max_seq_len + 1 < c.max_episode_tokens else "")  # both in one go
         raise ConfigError(
             f"engine.max_seq_len={e.max_seq_len} must exceed collector.max_episode_tokens="
             f"{c.max_episode_tokens} (a slot holds the whole episode): raise engine.max_seq_len "
-            f"to {c.max_episode_tokens + 1} or more")
+            f"to {c.max_episode_tokens + 1} or more{also}")
     if t.max_seq_len + 1 < c.max_episode_tokens:
         raise ConfigError(
             f"trainer.max_seq_len={t.max_seq_len} is shorter than an episode may be "
