@@ -332,8 +332,8 @@ class _CutWatch:
         cut = traj.status is TrajectoryStatus.TRUNCATED and reason.split("=")[0] in _CUT_ADVICE
         self._recent.append((reason, len(traj.turns),
                              int(traj.turns[0].prompt_ids.size) if traj.turns else 0) if cut else None)
-        if len(self._recent) < self.window:
-            return
+        if not cut or len(self._recent) < self.window:
+            return  # only a new cut can bring a limit to the share
         top = collections.Counter(r[0] for r in self._recent if r is not None).most_common(1)
         if not top or top[0][1] < self.share * self.window or top[0][0] in _warned_cuts:
             return
