@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentax.records import SamplingParams, Task, Trajectory, TrajectoryStatus
-from agentax.rollout import Collector, CollectorConfig, episode_seed
+from agentax.rollout import Collector, CollectorConfig, cut_short, episode_seed
 
 __all__ = ["CORE_METRICS", "EvalResult", "aggregate", "episode_metrics", "evaluate", "task_metric_names"]
 
@@ -65,6 +65,9 @@ class EvalResult:
     episodes: int
     failed: int
     """Episodes that ended in an error status (timeouts, env errors...)."""
+    cut: int = 0
+    """Episodes truncated by the collector's own limits (max_turns, max_episode_tokens, a full
+    slot), not by the environment: the limits, not the policy, ended them."""
     policy_version: int
     seconds: float
 
@@ -79,14 +82,16 @@ class EvalResult:
 
     def to_metrics(self, prefix: str = "eval") -> dict[str, float]:
         p = f"{prefix}/{self.mode}"
-        return {**{f"{p}/{k}": v for k, v in self.metrics.items()}, f"{p}/episodes": self.episodes}
+        return {**{f"{p}/{k}": v for k, v in self.metrics.items()}, f"{p}/episodes": self.episodes,
+                f"{p}/cut_short": self.cut}
 
     def line(self) -> str:
         extra = "".join(f"  {k} {v:.3g}" for k, v in self.metrics.items()
                         if k not in ("success", "reward"))
+        cut = f"{self.cut} cut short by collector limits, " if self.cut else ""
         return (f"{self.mode:>7}: success {100 * self.success_rate:5.1f}%  reward "
                 f"{self.reward_mean:.3f}{extra}  ({self.episodes} episodes, "
-                f"{self.failed} failed, {self.seconds:.1f} s)")
+                f"{self.failed} failed, {cut}{self.seconds:.1f} s)")
 
 
 async def evaluate(
@@ -127,6 +132,7 @@ async def evaluate(
         ok = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
         results.append(EvalResult(
             mode=mode, metrics=aggregate(episode_metrics(t) for t in trajs), episodes=len(trajs),
-            failed=sum(t.status not in ok for t in trajs), policy_version=version,
+            failed=sum(t.status not in ok for t in trajs), cut=sum(map(cut_short, trajs)),
+            policy_version=version,
             seconds=time.perf_counter() - t0))
     return results

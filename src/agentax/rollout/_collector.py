@@ -31,7 +31,7 @@ from agentax.envs import EnvError, Environment, compute_reward, ensure_async_env
 from agentax.records import Completion, SamplingParams, Task, Trajectory, TrajectoryStatus
 from agentax.trace import get_tracer, names
 
-__all__ = ["Collector", "CollectorConfig", "GenerateFn", "episode_seed"]
+__all__ = ["Collector", "CollectorConfig", "GenerateFn", "cut_short", "episode_seed"]
 
 
 class GenerateFn(Protocol):
@@ -317,6 +317,13 @@ _CUT_ADVICE = {
 _warned_cuts: set[str] = set()
 
 
+def cut_short(traj: Trajectory) -> bool:
+    """True when one of the collector's own limits (max_turns, max_episode_tokens, a full engine
+    slot) ended the episode, not the environment or an error."""
+    reason = str(traj.info.get("reason", "")).split("=")[0]
+    return traj.status is TrajectoryStatus.TRUNCATED and reason in _CUT_ADVICE
+
+
 class _CutWatch:
     """Warns (once per process and limit) when most recent episodes end cut by one of the
     collector's own limits: a budget too small for the task trains only on cut episodes, which
@@ -329,7 +336,7 @@ class _CutWatch:
 
     def record(self, traj: Trajectory) -> None:
         reason = str(traj.info.get("reason", ""))
-        cut = traj.status is TrajectoryStatus.TRUNCATED and reason.split("=")[0] in _CUT_ADVICE
+        cut = cut_short(traj)
         self._recent.append((reason, len(traj.turns),
                              int(traj.turns[0].prompt_ids.size) if traj.turns else 0) if cut else None)
         if not cut or len(self._recent) < self.window:
