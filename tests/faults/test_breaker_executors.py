@@ -59,16 +59,20 @@ def test_unknown_stage_is_rejected():
 
 
 class _HangingSyncEnv:
+    def __init__(self):
+        self.release = threading.Event()
+
     def reset(self, task):
         return Observation(content="hi")
 
     def step(self, action):
-        threading.Event().wait()  # never returns
+        self.release.wait()  # hangs until the test ends
         return StepResult(observation=Observation(content=""), reward=0.0, done=True)
 
 
 def test_sync_step_times_out_and_marks_env_broken():
-    env = ensure_async_env(_HangingSyncEnv(), step_timeout_s=0.2)
+    hanging = _HangingSyncEnv()
+    env = ensure_async_env(hanging, step_timeout_s=0.2)
 
     async def main():
         await env.reset(TASK)
@@ -77,7 +81,10 @@ def test_sync_step_times_out_and_marks_env_broken():
         assert info.value.status is TrajectoryStatus.TIMEOUT
         await env.close()  # does not wait for the hung call
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:  # a call still hung at exit would hold pytest's exit for EXIT_WAIT_S
+        hanging.release.set()
 
 
 def test_a_process_with_a_hung_sync_step_still_exits():
