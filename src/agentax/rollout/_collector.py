@@ -335,12 +335,12 @@ class _CutWatch:
         self._recent: collections.deque = collections.deque(maxlen=self.window)
 
     def record(self, traj: Trajectory) -> None:
-        reason = str(traj.info.get("reason", ""))
         cut = cut_short(traj)
+        reason = str(traj.info.get("reason", ""))
         self._recent.append((reason, len(traj.turns),
                              int(traj.turns[0].prompt_ids.size) if traj.turns else 0) if cut else None)
-        if not cut or len(self._recent) < self.window:
-            return  # only a new cut can bring a limit to the share
+        if not cut or reason in _warned_cuts or len(self._recent) < self.window:
+            return  # only a new cut can bring its limit to the share, and each warns once
         top = collections.Counter(r[0] for r in self._recent if r is not None).most_common(1)
         if not top or top[0][1] < self.share * self.window or top[0][0] in _warned_cuts:
             return
