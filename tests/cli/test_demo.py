@@ -1,17 +1,22 @@
 """The embedded demo, shortened, end to end: SFT warm start, async GRPO, held-out evaluation.
 
-The full SFT warm start (as `agentax train` runs it) and 16 of its 30 RL steps: about 90 s on
-two CPU cores, the price of checking that the out-of-the-box demo really learns.
+The full SFT warm start (as `agentax train` runs it) and 16 of its 30 RL steps: 40-90 s on
+two CPU cores, the price of checking that the out-of-the-box demo really learns. Marked slow:
+`.ci/run` runs it after the default suite (tests/cli/test_commands.py keeps a short `agentax
+train` run in the default suite).
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from agentax.cli import load_config
 from agentax.cli._runner import run_train
 
 
+@pytest.mark.slow
 def test_shortened_demo_improves_held_out_success(tmp_path):
     cfg = load_config(None, [f"run.runs_dir={tmp_path}", "run.name=demo", "run.steps=16",
                              "tasks.num_eval=48", "tracing.console=false"])
