@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 from flax import nnx
@@ -240,3 +241,38 @@ def test_paged_cache_generates_what_the_slot_layout_does(engine, model):
     cfg = model.config
     assert paged.kv_cache_bytes == 2 * cfg.num_layers * 128 * cfg.num_kv_heads * cfg.head_dim * 4
     assert stats.evictions > engine.stats().evictions and 0 < stats.kv_pages_peak <= 8
+
+
+def test_prefill_spans_cover_the_fetch_of_first_tokens(model, monkeypatch):
+    """A prefill iteration's span ends after its first tokens are fetched: the calls run after
+    their dispatch returns, so a span around the dispatch alone left their device time out of
+    the trace (the doctor's engine busy fraction read 68 % instead of 83 % on the demo)."""
+    import jax
+
+    from agentax.engine import _engine
+    from agentax.trace import Tracer, names
+    from agentax.trace._tracer import SPAN
+
+    fetched_at, device_get = [], jax.device_get
+
+    def timed_device_get(x):
+        out = device_get(x)
+        fetched_at.append(time.perf_counter_ns())
+        return out
+
+    monkeypatch.setattr(_engine.jax, "device_get", timed_device_get)
+    tracer = Tracer()
+    eng = Engine(model, CFG, tracer=tracer)
+    try:
+        prompts = random_prompts(np.random.default_rng(1), 7, 1, 71)
+        eng.generate_batch(prompts, [SamplingParams(temperature=0.0, max_tokens=5)] * 7)
+        stats = eng.stats()
+    finally:
+        eng.shutdown()
+    spans = [e for e in tracer.take_events() if e[0] == SPAN]
+    prefill = [e for e in spans if e[4] == names.PREFILL]
+    assert sum(e[5]["calls"] for e in prefill) == stats.prefill_calls
+    assert sum(e[5]["tokens"] for e in prefill) == stats.prefill_tokens == sum(map(len, prompts))
+    assert len([e for e in spans if e[4] == names.DECODE_STEP]) == stats.decode_calls
+    for _, start, end, *_ in prefill:
+        assert any(start <= t <= end for t in fetched_at), "a prefill span ended before its fetch"

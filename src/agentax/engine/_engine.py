@@ -448,17 +448,20 @@ class Engine:
 
     def _prefill(self) -> bool:
         plans = self._sched.plan_prefill()
-        out = []
-        for plan in plans:  # dispatched back to back; their samples are fetched after
-            with self._telemetry.span("PREFILL", tokens=plan.num_tokens, rows=len(plan.rows),
-                                      bucket=plan.tokens_rc.shape[1]):
-                out.append(self._runner.prefill(plan, self._sched))
-        needed = [i for i, plan in enumerate(plans) if self._sched.prefill_needs_sample(plan)]
-        fetched = dict(zip(needed, jax.device_get([out[i] for i in needed])))
+        if not plans:
+            return False
+        # One span per iteration, ending when the first tokens are fetched: the calls are
+        # dispatched back to back and run after their dispatch returns, so a span around each
+        # dispatch alone would leave the device time out of the trace (the doctor's engine busy).
+        with self._telemetry.span("PREFILL", calls=len(plans), rows=sum(len(p.rows) for p in plans),
+                                  tokens=sum(p.num_tokens for p in plans)):
+            out = [self._runner.prefill(plan, self._sched) for plan in plans]
+            needed = [i for i, plan in enumerate(plans) if self._sched.prefill_needs_sample(plan)]
+            fetched = dict(zip(needed, jax.device_get([out[i] for i in needed])))
         for i, plan in enumerate(plans):
             token, logprob = fetched.get(i, (None, None))
             self._sched.finish_prefill(plan, token, logprob, self._version)
-        return bool(plans)
+        return True
 
     def _decode(self) -> bool:
         plan = self._sched.plan_decode()
