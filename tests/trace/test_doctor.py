@@ -114,3 +114,22 @@ def test_engine_utilisation_is_over_the_engine_window_not_a_warm_start_before_it
     assert report.wall_s == pytest.approx(12.0, rel=1e-3)
     assert report.engine_busy_fraction == pytest.approx(0.75, rel=1e-3)
     assert report.engine_mean_active == pytest.approx(4.0)
+
+
+def test_wall_time_starts_at_the_first_traced_work_not_at_tracer_start(tmp_path):
+    # The tracer starts (its host_info instant), 10 s pass untraced (an SFT warm start, as in
+    # `agentax train`), then 2 s of episodes: the report's wall time is 2 s and episodes fill it
+    # (it read 12 s and a 1/6 share, and the demo's report 40 s for a 13 s traced window).
+    now = [10**9]
+    tracer = Tracer(clock=lambda: now[0])
+    tracer.start(tmp_path)
+    now[0] += 10 * 10**9
+    for k in range(4):
+        with tracer.span(names.EPISODE, track=names.episode_track(str(k))):
+            now[0] += 500_000_000
+    tracer.close()
+    report = doctor.analyze(tmp_path)
+    assert report.host  # the instant is still read
+    assert report.wall_s == pytest.approx(2.0, rel=1e-6)
+    episode = next(s for s in report.stages if s.name == names.EPISODE)
+    assert episode.active_fraction == pytest.approx(1.0, rel=1e-6)

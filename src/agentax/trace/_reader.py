@@ -20,6 +20,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from agentax.trace._files import TRACE_FILENAME
 from agentax.trace._writer import segment_path
+from agentax.trace.names import HOST_INFO
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,9 +66,10 @@ class TraceData:
     def instants_named(self, name: str) -> list[InstantRecord]:
         return [i for i in self.instants if i.name == name]
 
-    def _stamps(self) -> list[int]:
+    def _stamps(self) -> list[int]:  # without host_info: written at start, maybe long before work
         return [t for s in self.spans for t in (s.start_ns, s.end_ns)] + [
-            i.ts_ns for i in self.instants] + [t for c in self.counters.values() for t, _ in c]
+            i.ts_ns for i in self.instants if i.name != HOST_INFO] + [
+            t for c in self.counters.values() for t, _ in c]
 
     @property
     def start_ns(self) -> int:
@@ -135,8 +137,7 @@ def _read_file(path: str, after_ns: int | None = None, flow_base: int = 0) -> Tr
             instants.append(InstantRecord(name=name, track=track, ts_ns=ts + shift, args=args))
     spans.sort(key=lambda s: (s.start_ns, -s.end_ns))
     instants.sort(key=lambda i: i.ts_ns)
-    # Counter samples sort by time only (stable): samples taken at the same ns keep the order
-    # they were recorded in, so the last one is the value that holds afterwards.
+    # Counters sort by time only (stable): same-ns samples keep their order; the last one holds.
     return TraceData(spans=tuple(spans), instants=tuple(instants),
                      counters={k: tuple((t + shift, v) for t, v in sorted(c, key=itemgetter(0)))
                                for k, c in counters.items()})

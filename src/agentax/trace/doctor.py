@@ -236,8 +236,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         episodes=len(by_name.get(names.EPISODE, ())),
         train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
         timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=notes,
-        host=dict(trace.instants_named(names.HOST_INFO)[-1].args)
-        if trace.instants_named(names.HOST_INFO) else {},
+        host=next((dict(i.args) for i in trace.instants_named(names.HOST_INFO)[::-1]), {}),
         training_slowdown=_training_slowdown(by_name))
     bottleneck, verdict, suggestion = decide(fields, by_name, wall)
     return DoctorReport(bottleneck=bottleneck, verdict=verdict, suggestion=suggestion, **fields)
