@@ -8,14 +8,18 @@ Goal figure (both full and --quick):
                           environment step, 8 episodes per optimizer step, 3 steps per run
                           (~0.3 s). After an untraced and a traced warm-up run, runs alternate
                           off/on in one process (order flipped each pair; the warm heap frozen
-                          out of the GC's full collections); a run is timed from the tracer's
-                          start to its close (what a traced run adds), not the run directory's
-                          setup. The figure is the
+                          out of the GC's full collections). As in `agentax train`, whose RL
+                          phase runs into a trace file opened before it, one file is opened
+                          before the pairs and closed after them; a traced run records into
+                          it and is timed up to the end of a flush on its own thread (it pays
+                          for encoding every event it recorded). The figure is the
                           median of the per-pair ratios, `_ci95` its bootstrap 95% interval.
                           Pairs are added until that interval is narrower than +-0.004 or the
                           time budget is spent (300 s; in --quick, which measures it last,
                           until QUICK_S = 50 s after the start: ~80 pairs, a wider interval).
                           Goal <= 0.01.
+  tracing_start_close_ms  the one-time cost of opening and closing that file (a real run
+                          pays it once; a 0.3 s run per pair would pay ~0.3 % of its time)
   tracing_overhead_pipeline_cpu  the same ratio of this process's CPU time (all threads)
   tracing_cpu_share_pipeline  CPU the tracing took in those runs over their wall time: events
                           x the measured cost of recording one + the writer thread's CPU time
@@ -189,7 +193,12 @@ OVERHEAD_WORK = dict(turns=2, env_step_s=0.02, max_tokens=24, max_concurrency=8,
 def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
                       target_half_width: float = 0.004) -> dict:
     """Tracing on vs off on the real tiny pipeline, alternated pairs until the 95% interval
-    of the median ratio is narrower than +-`target_half_width` or `budget_s` is spent."""
+    of the median ratio is narrower than +-`target_half_width` or `budget_s` is spent.
+
+    As in `agentax train`, whose RL phase runs into a trace file opened before it, the file
+    is opened once, before the pairs, and closed after them; an "on" run records into it and
+    ends with a flush on the run's own thread (timed: the run pays for encoding every event it
+    recorded). The one-time start and close are timed apart (`tracing_start_close_ms`)."""
     from tiny_pipeline import Workload
 
     from agentax.trace import get_tracer, set_enabled
@@ -198,12 +207,16 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
     work = Workload(**OVERHEAD_WORK)
     tracer, was_enabled = get_tracer(), get_tracer().enabled
     ratios, cpu_ratios, on, off, shares = [], [], [], [], []
-    record_ns = span_cost_ns(20_000, repeats=3)["span_cost_ns_on_args_track"]
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
+    record_ns = span_cost_ns(20_000)["span_cost_ns_on_args_track"]  # median of 7: one read 7 us
+    with tempfile.TemporaryDirectory() as tmp:
+        tracer.take_events()  # what earlier code recorded is not this file's
+        started = time.perf_counter()
+        tracer.start(tmp)
+        start_s, close_s = time.perf_counter() - started, 0.0
+        try:
             for enabled in (False, True):  # warm-up: shapes compiled, the writer's protos loaded
                 set_enabled(enabled)
-                tiny.run(work, steps, os.path.join(tmp, "warm-up") if enabled else None)
+                tiny.run(work, steps)
             # The warm heap (JAX, the model, ~200k objects) is left out of later collections:
             # a full collection of it (~0.1-1 s) would land in one run or the other at random.
             gc.collect()
@@ -212,12 +225,13 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
                 pair, cpu = {}, {}
                 for enabled in ((False, True) if len(ratios) % 2 == 0 else (True, False)):
                     set_enabled(enabled)
-                    run_dir = os.path.join(tmp, f"run{len(ratios)}") if enabled else None
-                    tiny.run(work, steps, run_dir)  # times tracer start .. close, not the setup
+                    before = tracer.stats()
+                    tiny.run(work, steps)  # times the run and its flush, not the setup
                     pair[enabled], cpu[enabled] = tiny.last_run_s, tiny.last_cpu_s
                     if enabled:  # CPU the tracing took: recording (estimated) and writing
                         stats = tracer.stats()
-                        shares.append((stats["written"] * record_ns + stats["writer_cpu_ns"])
+                        shares.append(((stats["written"] - before["written"]) * record_ns
+                                       + stats["writer_cpu_ns"] - before["writer_cpu_ns"])
                                       / 1e9 / pair[True])
                 on.append(pair[True])
                 off.append(pair[False])
@@ -227,15 +241,19 @@ def pipeline_overhead(tiny, steps: int, budget_s: float, min_pairs: int = 6,
                     med, lo, hi = _median_ci(ratios)
                     if (hi - lo) / 2 < target_half_width or time.perf_counter() > deadline:
                         break
-    finally:
-        gc.unfreeze()
-        set_enabled(was_enabled)
+        finally:
+            gc.unfreeze()
+            set_enabled(was_enabled)
+            started = time.perf_counter()
+            tracer.close()
+            close_s = time.perf_counter() - started
     return {"tracing_overhead_pipeline": round(med, 4),
             "tracing_overhead_pipeline_ci95": [round(lo, 4), round(hi, 4)],
             "tracing_overhead_pipeline_pairs": len(ratios),
             "tracing_overhead_pipeline_run_s_off": round(statistics.median(off), 3),
             "tracing_overhead_pipeline_run_s_on": round(statistics.median(on), 3),
             "tracing_overhead_pipeline_steps": steps,
+            "tracing_start_close_ms": round(1e3 * (start_s + close_s), 3),
             "tracing_cpu_share_pipeline": round(statistics.median(shares), 4),
             "tracing_overhead_pipeline_cpu": round(_median_ci(cpu_ratios)[0], 4),
             "tracing_overhead_pipeline_cpu_ci95": [round(x, 4) for x in _median_ci(cpu_ratios)[1:]],

@@ -125,7 +125,9 @@ class TinyPipeline:
     def run(self, work: Workload, steps: int, run_dir: str | None = None) -> PipelineResult:
         """Run `steps` optimizer steps of `work`; with `run_dir`, traced into it (and a
         config.yaml with the knobs the doctor reads). `last_run_s` / `last_cpu_s` are the wall
-        and process CPU time from starting the tracer (if any) to closing it."""
+        and process CPU time from starting the tracer to closing it; without `run_dir`, of the
+        run and a `flush` of what it recorded (into a file the caller started, if any: the
+        run pays for encoding all its events, as a step of a long traced run does)."""
         self.work = work
         self.collector.sampling = SamplingParams(temperature=1.0, max_tokens=work.max_tokens)
         self.collector.config = dataclasses.replace(self.collector.config, max_turns=work.turns)
@@ -146,6 +148,8 @@ class TinyPipeline:
         try:
             result = Pipeline(self.collector, self.trainer, self.engine, TASKS, config,
                               start_version=self.version).run(steps)
+            if run_dir is None:
+                tracer.flush()  # into the file the caller started, if any
         finally:
             if run_dir is not None:
                 tracer.close()
