@@ -126,8 +126,8 @@ class TinyPipeline:
         """Run `steps` optimizer steps of `work`; with `run_dir`, traced into it (and a
         config.yaml with the knobs the doctor reads). `last_run_s` / `last_cpu_s` are the wall
         and process CPU time from starting the tracer to closing it; without `run_dir`, of the
-        run and a `flush` of what it recorded (into a file the caller started, if any: the
-        run pays for encoding all its events, as a step of a long traced run does)."""
+        run and a `flush` of what it recorded into a file the caller started, if any (the run
+        pays for encoding every event it recorded)."""
         self.work = work
         self.collector.sampling = SamplingParams(temperature=1.0, max_tokens=work.max_tokens)
         self.collector.config = dataclasses.replace(self.collector.config, max_turns=work.turns)
