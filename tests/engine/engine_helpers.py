@@ -13,7 +13,7 @@ from flax import nnx
 from agentax.engine import EngineConfig
 
 # Every test engine uses this shape so the kernels compile once per test session.
-CFG = EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32)  # 1 decode step per call
+CFG = EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32)  # 8 decode steps per call
 
 
 

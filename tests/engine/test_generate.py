@@ -276,3 +276,30 @@ def test_prefill_spans_cover_the_fetch_of_first_tokens(model, monkeypatch):
     assert len([e for e in spans if e[4] == names.DECODE_STEP]) == stats.decode_calls
     for _, start, end, *_ in prefill:
         assert any(start <= t <= end for t in fetched_at), "a prefill span ended before its fetch"
+
+
+def test_active_slots_gauge_reads_each_call_and_zero_when_idle(model):
+    """`engine_active_slots` reads, from each decode call's start, the rows that call decodes,
+    and 0 once no row is left; sampled after each call, it showed a call's count one call late
+    and held the last one while the engine idled (an idle engine counted as busy by the
+    doctor's mean active and all-slots-full time)."""
+    from agentax.trace import Tracer, names
+    from agentax.trace._tracer import COUNTER, SPAN
+
+    tracer = Tracer()
+    eng = Engine(model, dataclasses.replace(CFG, decode_steps_per_call=2), tracer=tracer,
+                 eos_token_ids=())
+    try:
+        for seed in (1, 2):  # two bursts of 5 requests on 4 slots, the engine idle in between
+            prompts = random_prompts(np.random.default_rng(seed), 5, 4, 30)
+            eng.generate_batch(prompts, [SamplingParams(temperature=0.0, max_tokens=7)] * 5)
+    finally:
+        eng.shutdown()
+    events = tracer.take_events()
+    gauge = [(e[1], e[5]) for e in events if e[0] == COUNTER and e[4] == names.ENGINE_ACTIVE_SLOTS]
+    decode = [e for e in events if e[0] == SPAN and e[4] == names.DECODE_STEP]
+    for _, start, end, _, _, args, *_ in decode:  # the reading during each call is its rows
+        assert [v for t, v in gauge if t <= start][-1] == args["active"]
+        assert not [v for t, v in gauge if start < t <= end]
+    # Per burst: 4 rows decode, none between their end and the 5th request's prefill, 1 row.
+    assert [v for _, v in gauge] == [4.0, 0.0, 1.0, 0.0] * 2

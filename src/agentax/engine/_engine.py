@@ -467,13 +467,18 @@ class Engine:
         plan = self._sched.plan_decode()
         if plan is None:
             return False
-        version = self._version
-        with self._telemetry.span("DECODE_STEP", active=plan.active, steps=plan.steps):
-            out_tok, out_lp, counts = self._runner.decode(plan, self._sched)
-        if self._first_step_s is None:
-            self._first_step_s = time.perf_counter() - self._start_time
-        sched = self._sched
-        sched.finish_decode(plan, out_tok, out_lp, counts, version)
+        version, sched = self._version, self._sched
+        # The slot gauges are sampled as the call starts (what it decodes) and, once no row is
+        # left decoding, after it: a gauge sampled only after each call showed the call's
+        # count one call late and held it while the engine idled (e.g. a sync run's train steps).
         self._telemetry.counters(active=plan.active, waiting=len(sched.waiting),
                                  evictions=sched.counts["evictions"])
+        with self._telemetry.span("DECODE_STEP", active=plan.active, steps=plan.steps):
+            out_tok, out_lp, counts = self._runner.decode(plan, sched)
+        if self._first_step_s is None:
+            self._first_step_s = time.perf_counter() - self._start_time
+        sched.finish_decode(plan, out_tok, out_lp, counts, version)
+        if not sched.active.any():
+            self._telemetry.counters(active=0, waiting=len(sched.waiting),
+                                     evictions=sched.counts["evictions"])
         return True
