@@ -387,6 +387,11 @@ class Transformer(nnx.Module):
         positions_bt: jax.Array | None = None,
         segment_ids_bt: jax.Array | None = None,
         attention_mask_bt: jax.Array | None = None,
+        *,
+        remat: str = "none",
+        scan: bool = False,
+        attention: str = "dense",
+        attention_block: int = 512,
     ) -> jax.Array:
         """Final-norm hidden states [B, T, D] of a full-sequence forward pass.
 

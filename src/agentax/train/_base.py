@@ -32,6 +32,7 @@ from agentax.train._step import (
     SUM_METRICS,
     CompileCounter,
     GraphDefs,
+    StepOptions,
     accumulate_grads,
     apply_update,
     init_optimizer,
@@ -86,6 +87,7 @@ class TrainerBase:
         self._plain_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(model.config)))[0]
         self._params = tree
         self._tx = make_optimizer(config)
+        self._opts = StepOptions.from_config(config)
         # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
         # optimizer state's paths end in the parameter paths, so the same rules place it.
         self._opt_state, self._acc = self._place(init_optimizer(self._params, tx=self._tx))
@@ -256,7 +258,7 @@ class TrainerBase:
         for batch in batches:
             self._compiles.record("accumulate_grads", rl, batch)
             out = call(accumulate_grads, self._graphdefs, self._params, self._rest, batch, counts,
-                       self._acc, rl=rl, acc_shardings=self._acc_shardings)
+                       self._acc, rl=rl, opts=self._opts, acc_shardings=self._acc_shardings)
             if out is not None:
                 self._acc, m = out
                 metrics.append(m)

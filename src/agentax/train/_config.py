@@ -75,7 +75,35 @@ class TrainerConfig:
     pack_length: int = 512
     """Target row length when packing (rows are at least as long as the longest sequence)."""
     compute_dtype: Literal["float32", "bfloat16"] | None = None
-    """Activation dtype of the train step; None = the model's config.dtype. Params keep theirs."""
+    """Activation dtype of the train step; None = the model's config.dtype. The weights are
+    cast to it inside the step (the master copy keeps `master_dtype`)."""
+    master_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the trained (master) weights, the Adam moments and the gradient accumulator.
+    'bfloat16' halves the state but rounds away most updates at RL learning rates (a warning
+    says so); the engine always receives weights in its own dtype."""
+
+    # ------------------------------------------------------------------ memory
+    remat: Literal["none", "full", "save_dots"] = "full"
+    """Recomputation of each layer in the backward pass: 'full' keeps only each layer's input
+    (least memory, ~1/3 more compute), 'save_dots' also keeps the matmul outputs, 'none'
+    keeps every activation (fastest, most memory)."""
+    scan_layers: bool = True
+    """Run the layers as one `lax.scan` (compile time independent of depth); layers whose
+    parameters differ in structure (LoRA on some layers only) fall back to a loop."""
+    attention: Literal["auto", "blocked", "dense", "cudnn"] = "auto"
+    """Training attention: 'blocked' (pure JAX, O(T x block) memory, skips masked blocks),
+    'cudnn' (jax.nn.dot_product_attention's fused kernel, GPU), 'dense' (the [T, T] reference),
+    'auto' = cudnn on GPU where it applies, blocked elsewhere."""
+    attention_block: int = 512
+    """Query/key block size of the blocked attention."""
+    logits_chunk: int = 1024
+    """Positions per chunk of the LM head in the loss and scoring passes: hidden -> logits ->
+    log-prob of the target runs a chunk at a time, only over loss positions, recomputed in the
+    backward pass, so no [B, T, V] buffer exists. 0 = the full [B, T, V] logits (reference)."""
+    mesh: Mapping[str, int] | None = dataclasses.field(default=None, hash=False)
+    """Device mesh of the trainer for `agentax train`: axis sizes {'data': d, 'fsdp': f,
+    'tensor': t} (missing axes = 1; their product must not exceed the devices); None = one
+    device."""
 
     # ------------------------------------------------------------------ RL algorithm
     advantage: str = "grpo"
@@ -168,6 +196,16 @@ class TrainerConfig:
             raise err(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise err(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
+        if self.attention_block < 16:
+            raise err(f"attention_block must be >= 16, got {self.attention_block}")
+        if self.logits_chunk < 0:
+            raise err(f"logits_chunk must be >= 0 (0 = full logits), got {self.logits_chunk}")
+        if self.mesh is not None:
+            bad = set(self.mesh) - {"data", "fsdp", "tensor"}
+            if bad:
+                raise err(f"trainer.mesh has unknown axes {sorted(bad)}; use data, fsdp, tensor")
+            if any(int(v) < 1 for v in self.mesh.values()):
+                raise err(f"trainer.mesh axis sizes must be >= 1, got {dict(self.mesh)}")
 
     @property
     def needs_proximal_pass(self) -> bool:

@@ -263,14 +263,16 @@ class RLTrainer(TrainerBase):
         if c.needs_proximal_pass or c.uses_value_head:
             for i, b in enumerate(batches):
                 self._compiles.record("score_tokens", "policy", b)
-                lp, v = score_tokens(self._graphdefs, self._params, self._rest, b)
+                lp, v = score_tokens(self._graphdefs, self._params, self._rest, b,
+                                     opts=self._opts)
                 prox[i] = lp if c.needs_proximal_pass else None
                 values[i] = v
         if self._ref is not None:
             ref_gd, ref_params, ref_rest = self._ref
             for i, b in enumerate(batches):
                 self._compiles.record("score_tokens", "reference", b)
-                ref[i], _ = score_tokens(GraphDefs(model=ref_gd), ref_params, ref_rest, b)
+                ref[i], _ = score_tokens(GraphDefs(model=ref_gd), ref_params, ref_rest, b,
+                                         opts=self._opts)
         # Advantages on a one-sequence-per-row layout [N, T], padded to buckets.
         n = _pow2(n_seqs)
         t = max(mb.batch.input_ids.shape[1] for mb in mbs)

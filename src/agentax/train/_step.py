@@ -28,7 +28,7 @@ from agentax.train._batch import Batch
 from agentax.train._config import TrainerConfig
 from agentax.train._optim import schedule_count, schedule_value
 
-__all__ = ["GraphDefs", "CompileCounter", "NonFiniteUpdateError", "accumulate_grads",
+__all__ = ["GraphDefs", "StepOptions", "CompileCounter", "NonFiniteUpdateError", "accumulate_grads",
            "apply_update", "score_tokens", "compute_advantages", "init_optimizer", "SUM_METRICS"]
 
 
@@ -48,6 +48,23 @@ class GraphDefs(NamedTuple):
 
     model: Any
     value: Any = None
+
+
+class StepOptions(NamedTuple):
+    """How the train and scoring kernels run the model (a static jit argument): the memory
+    knobs of `TrainerConfig` (see there), shared by the RL and the SFT loss."""
+
+    remat: str = "full"
+    scan_layers: bool = True
+    attention: str = "auto"
+    attention_block: int = 512
+    logits_chunk: int = 1024
+
+    @classmethod
+    def from_config(cls, config: TrainerConfig) -> "StepOptions":
+        return cls(remat=config.remat, scan_layers=config.scan_layers,
+                   attention=config.attention, attention_block=config.attention_block,
+                   logits_chunk=config.logits_chunk)
 
 
 class CompileCounter:
@@ -84,10 +101,12 @@ def _constrain(tree, shardings: tuple | None):
                                         for x, s in zip(leaves, shardings)])
 
 
-def _forward(graphdefs: GraphDefs, params, rest, batch: Batch):
+def _forward(graphdefs: GraphDefs, params, rest, batch: Batch, opts: StepOptions):
     """(logits [B, T, V] float32, values [B, T] or None)."""
     model = nnx.merge(graphdefs.model, params["model"], rest)
-    hidden = model.hidden(batch.input_ids, batch.positions, batch.segment_ids)  # [B, T, D]
+    hidden = model.hidden(batch.input_ids, batch.positions, batch.segment_ids,
+                          remat=opts.remat, scan=opts.scan_layers, attention=opts.attention,
+                          attention_block=opts.attention_block)  # [B, T, D]
     logits = model.logits(hidden)
     values = None
     if graphdefs.value is not None and "value" in params:
@@ -96,8 +115,9 @@ def _forward(graphdefs: GraphDefs, params, rest, batch: Batch):
     return logits, values
 
 
-def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerConfig | None):
-    logits, values = _forward(graphdefs, params, rest, batch)
+def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerConfig | None,
+          opts: StepOptions):
+    logits, values = _forward(graphdefs, params, rest, batch, opts)
     logp = algos.gather_logprobs(logits, batch.target_ids)  # [B, T]
     mask = batch.loss_mask
     num_tokens = jnp.sum(mask)
@@ -148,10 +168,11 @@ def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerC
     return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs", "rl", "acc_shardings"),
+@functools.partial(jax.jit, static_argnames=("graphdefs", "rl", "opts", "acc_shardings"),
                    donate_argnames=("acc",))
 def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, acc, *,
-                     rl: TrainerConfig | None, acc_shardings: tuple | None = None):
+                     rl: TrainerConfig | None, opts: StepOptions = StepOptions(),
+                     acc_shardings: tuple | None = None):
     """Adds one micro-batch's gradients and loss to `acc` = {"grads", "loss"}.
 
     Args:
@@ -159,12 +180,13 @@ def accumulate_grads(graphdefs: GraphDefs, params, rest, batch: Batch, counts, a
       rl: the trainer's config, whose RL fields choose the loss; None = the SFT loss.
       batch: the micro-batch on device.
       counts: {"tokens", "seqs"} float32 scalars over the whole optimizer batch.
+      opts: how the model runs (remat, scan, attention, LM-head chunks).
       acc_shardings: shardings of acc's leaves (flattened), kept on the output under a mesh.
     Returns:
       (new acc, this micro-batch's metrics dict of scalars).
     """
     (loss, metrics), grads = jax.value_and_grad(_loss, has_aux=True)(
-        params, rest, graphdefs, batch, counts, rl)
+        params, rest, graphdefs, batch, counts, rl, opts)
     new = {"grads": jax.tree.map(jnp.add, acc["grads"], grads), "loss": acc["loss"] + loss}
     return _constrain(new, acc_shardings), metrics
 
@@ -207,10 +229,11 @@ def init_optimizer(params, *, tx: optax.GradientTransformation):
     return tx.init(params), acc
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs",))
-def score_tokens(graphdefs: GraphDefs, params, rest, batch: Batch):
+@functools.partial(jax.jit, static_argnames=("graphdefs", "opts"))
+def score_tokens(graphdefs: GraphDefs, params, rest, batch: Batch, *,
+                 opts: StepOptions = StepOptions()):
     """(target logprobs [B, T], values [B, T] or None) without gradient."""
-    logits, values = _forward(graphdefs, params, rest, batch)
+    logits, values = _forward(graphdefs, params, rest, batch, opts)
     return algos.gather_logprobs(logits, batch.target_ids), values
 
 
