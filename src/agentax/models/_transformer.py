@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentax.models._attention import resolve_attention_impl, train_attention
 from agentax.models._config import ModelConfig
 from agentax.models._layers import (
     RMSNorm,
     apply_rope,
-    attention,
     cached_attention,
     rope_inv_freq,
     two_part_attention,
@@ -189,14 +189,17 @@ class Attention(nnx.Module):
         self.scale = cfg.q_scale
         self.softcap = cfg.attn_logit_softcap
 
-    def qkv(self, x_btd: jax.Array, positions_bt: jax.Array):
+    def qkv(self, x_btd: jax.Array, positions_bt: jax.Array, inv_freq=None):
+        """Projected, normed and rotated q [B, T, N, H], k and v [B, T, K, H]; `inv_freq`
+        overrides this layer's RoPE frequencies (the scanned forward passes them as data)."""
         b, t, _ = x_btd.shape
         q = self.q_proj(x_btd).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, N, H]
         k = self.k_proj(x_btd).reshape(b, t, self.num_kv_heads, self.head_dim)  # [B, T, K, H]
         v = self.v_proj(x_btd).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = _inv_freq(self.head_dim, self.theta, self.scaling)
+        if inv_freq is None:
+            inv_freq = _inv_freq(self.head_dim, self.theta, self.scaling)
         return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
 
     def window_mask(self, q_pos, k_pos):
@@ -206,12 +209,16 @@ class Attention(nnx.Module):
             mask &= k_pos > q_pos - self.window
         return mask
 
-    def __call__(self, x_btd, positions_bt, allowed_btt):
-        q, k, v = self.qkv(x_btd, positions_bt)
+    def __call__(self, x_btd, positions_bt, segment_ids_bt, *, inv_freq=None, window=None,
+                 impl: str = "blocked", block: int = 512):
+        """Full-sequence attention (training and scoring): causal, within segments when
+        `segment_ids_bt` is given (0 = padding), over this layer's window unless `window`
+        (a traced per-layer value under scan: 0 = none) and `inv_freq` override them."""
+        q, k, v = self.qkv(x_btd, positions_bt, inv_freq)
         b, t = positions_bt.shape
-        idx = jnp.arange(t)
-        mask = allowed_btt & self.window_mask(idx[:, None], idx[None, :])[None]
-        out = attention(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+        out = train_attention(q, k, v, segment_ids_bt=segment_ids_bt,
+                              window=self.window if window is None else window,
+                              scale=self.scale, softcap=self.softcap, impl=impl, block=block)
         return self.o_proj(out.reshape(b, t, -1))
 
     def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
@@ -319,8 +326,9 @@ class Block(nnx.Module):
             m = self.mlp_post_norm(m)
         return x + m
 
-    def __call__(self, x_btd, positions_bt, allowed_btt):
-        return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, allowed_btt))
+    def __call__(self, x_btd, positions_bt, segment_ids_bt, **attn):
+        return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, segment_ids_bt,
+                                             **attn))
 
     def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
                last_only=False, *, t_max=None):
@@ -339,6 +347,65 @@ class Block(nnx.Module):
             attend_len, t_max=t_max,
         )
         return self._finish(x_b1d, a), k_new, v_new
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing but each layer's input
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _compute_cast(path, x, dtype):
+    """A layer weight as the forward uses it: Linear kernels and biases in the compute dtype
+    (nnx.Linear casts them at use anyway; casting before stacking halves the stacked copy of
+    float32 master weights), norms and adapters as they are."""
+    name = str(getattr(path[-1], "key", path[-1]))
+    if name in ("kernel", "bias") and jnp.issubdtype(x.dtype, jnp.floating):
+        return x.astype(dtype)
+    return x
+
+
+def _run_layers(blocks, cfg: ModelConfig, x, positions_bt, seg_bt, *, remat: str, scan: bool,
+                impl: str, block: int):
+    """The decoder layers of the full-sequence forward, scanned or looped, under remat."""
+    if remat not in ("none", *_REMAT_POLICIES):
+        raise ValueError(f"remat must be 'none', 'full' or 'save_dots', got {remat!r}")
+
+    def checkpointed(fn):
+        if remat == "none":
+            return fn
+        return jax.checkpoint(fn, policy=_REMAT_POLICIES[remat], prevent_cse=not scan)
+
+    splits = [nnx.split(b) for b in blocks]
+    structure = {(jax.tree.structure(st), tuple((v.shape, v.dtype) for v in jax.tree.leaves(st)))
+                 for _, st in splits}
+    if not scan or len(blocks) < 2 or len(structure) != 1:
+        for gd, st in splits:
+            def one(x, st, gd=gd):
+                return nnx.merge(gd, st)(x, positions_bt, seg_bt, impl=impl, block=block)
+            x = checkpointed(one)(x, st)
+        return x
+    dtype = jnp.dtype(cfg.dtype)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
+                           *[jax.tree_util.tree_map_with_path(
+                               lambda p, v: _compute_cast(p, v, dtype), st) for _, st in splits])
+    inv_freq = jnp.stack([jnp.asarray(_inv_freq(cfg.head_dim, *cfg.layer_rope(i)))
+                          for i in range(len(blocks))])  # [L, H/2]
+    windows = [cfg.layer_window(i) or 0 for i in range(len(blocks))]
+    graphdef = splits[0][0]
+    # One window for all layers stays static (Qwen, Llama: none); Gemma's differ per layer.
+    static_window = windows[0] if len(set(windows)) == 1 else None
+
+    def body(x, layer):
+        st, inv, window = layer
+        window = static_window if static_window is not None else window
+        y = nnx.merge(graphdef, st)(x, positions_bt, seg_bt, inv_freq=inv, window=window,
+                                    impl=impl, block=block)
+        return y, None
+
+    xs = (stacked, inv_freq, jnp.asarray(windows, jnp.int32))
+    x, _ = jax.lax.scan(checkpointed(body), x, xs)
+    return x
 
 
 class Transformer(nnx.Module):
@@ -389,8 +456,8 @@ class Transformer(nnx.Module):
         attention_mask_bt: jax.Array | None = None,
         *,
         remat: str = "none",
-        scan: bool = False,
-        attention: str = "dense",
+        scan: bool = True,
+        attention: str = "auto",
         attention_block: int = 512,
     ) -> jax.Array:
         """Final-norm hidden states [B, T, D] of a full-sequence forward pass.
@@ -402,21 +469,31 @@ class Transformer(nnx.Module):
           segment_ids_bt: [B, T] packed-sequence ids; tokens attend only within their segment;
             0 marks padding.
           attention_mask_bt: [B, T] 1 for real tokens, 0 for padding (keys masked out).
+          remat: 'none', 'full' (each layer recomputed in the backward pass from its input)
+            or 'save_dots' (its matmul outputs kept too).
+          scan: run the layers as one `lax.scan` over their stacked weights (one compiled
+            layer, whatever the depth); layers of different structure fall back to a loop.
+          attention: 'blocked' (O(T x block) memory, masked blocks skipped), 'dense' (the
+            [T, T] reference), 'cudnn' (GPU) or 'auto' (see `resolve_attention_impl`).
+          attention_block: the blocked attention's block size.
         """
         b, t = input_ids_bt.shape
-        allowed = jnp.ones((b, t, t), bool)
-        if segment_ids_bt is not None:
-            seg = segment_ids_bt
-            allowed &= (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
-            if positions_bt is None:
-                positions_bt = positions_from_segments(seg)
-        if attention_mask_bt is not None:
-            allowed &= attention_mask_bt[:, None, :].astype(bool)
+        seg = segment_ids_bt
+        if seg is not None and positions_bt is None:
+            positions_bt = positions_from_segments(seg)
+        if attention_mask_bt is not None:  # padding keys: a segment of their own, never seen
+            real = jnp.asarray(attention_mask_bt).astype(jnp.int32)
+            seg = real if seg is None else jnp.asarray(seg, jnp.int32) * real
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        cfg = self.config
+        windows = {cfg.layer_window(i) for i in range(cfg.num_layers)}
+        impl = resolve_attention_impl(attention, softcap=cfg.attn_logit_softcap,
+                                      segmented=seg is not None, dtype=cfg.dtype,
+                                      traced_window=scan and len(windows) > 1)
         x = self.embed_tokens(input_ids_bt)
-        for block in self.layers:
-            x = block(x, positions_bt, allowed)
+        x = _run_layers(list(self.layers), cfg, x, positions_bt, seg, remat=remat, scan=scan,
+                        impl=impl, block=attention_block)
         return self.final_norm(x)
 
     def __call__(
@@ -425,9 +502,11 @@ class Transformer(nnx.Module):
         positions_bt: jax.Array | None = None,
         segment_ids_bt: jax.Array | None = None,
         attention_mask_bt: jax.Array | None = None,
+        **options,
     ) -> jax.Array:
         """Float32 logits [B, T, V] for int32 `input_ids_bt` [B, T] (see `hidden` for args)."""
-        return self.logits(self.hidden(input_ids_bt, positions_bt, segment_ids_bt, attention_mask_bt))
+        return self.logits(self.hidden(input_ids_bt, positions_bt, segment_ids_bt,
+                                       attention_mask_bt, **options))
 
     # ------------------------------------------------------------------ KV-cache path
 
