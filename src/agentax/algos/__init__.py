@@ -18,6 +18,7 @@ from agentax.algos._advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from agentax.algos._chunked import chunked_token_stats, full_token_stats
 from agentax.algos._kl import KL_KINDS, kl_estimate, kl_in_reward, kl_loss
 from agentax.algos._masked import AGG_MODES, aggregate_loss, masked_mean
 from agentax.algos._policy import (
@@ -52,11 +53,13 @@ __all__ = [
     "advantage_spec",
     "aggregate_loss",
     "check_finite_rewards",
+    "chunked_token_stats",
     "contiguous_group_ids",
     "discounted_returns",
     "dr_grpo_advantages",
     "dynamic_sampling_keep_mask",
     "entropy_bonus",
+    "full_token_stats",
     "gae_advantages",
     "gather_logprobs",
     "get_advantage_estimator",

@@ -65,15 +65,22 @@ def token_entropy(logits_btv: jax.Array) -> jax.Array:
     return -jnp.sum(p * logp, axis=-1)
 
 
-def entropy_bonus(*, logits_btv: jax.Array, loss_mask_bt: jax.Array, coef: float,
-                  agg_mode: str = "token-mean", agg_norm: float | None = None,
+def entropy_bonus(*, logits_btv: jax.Array | None = None, entropy_bt: jax.Array | None = None,
+                  loss_mask_bt: jax.Array, coef: float, agg_mode: str = "token-mean",
+                  agg_norm: float | None = None,
                   global_count=None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Entropy bonus as a loss term: -coef * aggregated token entropy over trained tokens.
 
-    (Mnih et al. 2016 / PPO's c2 * S term.) Returns (loss, {"entropy": aggregated entropy}).
+    (Mnih et al. 2016 / PPO's c2 * S term.) Takes the logits [B, T, V] or the token entropy
+    [B, T] already computed (e.g. by `chunked_token_stats`), exactly one of them.
+    Returns (loss, {"entropy": aggregated entropy}).
     """
-    ent = aggregate_loss(token_entropy(logits_btv), loss_mask_bt, mode=agg_mode,
-                         norm=agg_norm, global_count=global_count)
+    if (logits_btv is None) == (entropy_bt is None):
+        raise ValueError("entropy_bonus takes exactly one of logits_btv and entropy_bt")
+    if entropy_bt is None:
+        entropy_bt = token_entropy(logits_btv)
+    ent = aggregate_loss(entropy_bt, loss_mask_bt, mode=agg_mode, norm=agg_norm,
+                         global_count=global_count)
     return -coef * ent, {"entropy": jax.lax.stop_gradient(ent)}
 
 

@@ -22,6 +22,7 @@ instead of `max_seq_len`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -435,16 +436,23 @@ class Transformer(nnx.Module):
 
     def logits(self, hidden_btd: jax.Array) -> jax.Array:
         """Final-norm hidden states [..., D] -> float32 logits [..., V]."""
+        return self.head(hidden_btd.dtype)(hidden_btd)
+
+    def head(self, dtype) -> Callable[[jax.Array], jax.Array]:
+        """The LM head as a function of hidden states [..., D] (in `dtype`) -> float32 logits
+        [..., V], its weights cast to `dtype` once: a loss that runs the head chunk by chunk
+        calls it per chunk without casting the [V, D] table again each time."""
         if self.lm_head is None:
-            table = self.embed.embedding[...].astype(hidden_btd.dtype)  # [V, D]
-            out = jnp.einsum("...d,vd->...v", hidden_btd, table, preferred_element_type=jnp.float32)
+            weight, spec = self.embed.embedding[...].astype(dtype), "...d,vd->...v"  # [V, D]
         else:
-            kernel = self.lm_head.kernel[...].astype(hidden_btd.dtype)  # [D, V]
-            out = jnp.einsum("...d,dv->...v", hidden_btd, kernel, preferred_element_type=jnp.float32)
-        if self.config.final_logit_softcap is not None:
-            cap = self.config.final_logit_softcap
-            out = jnp.tanh(out / cap) * cap
-        return out
+            weight, spec = self.lm_head.kernel[...].astype(dtype), "...d,dv->...v"  # [D, V]
+        cap = self.config.final_logit_softcap
+
+        def apply(hidden):
+            out = jnp.einsum(spec, hidden, weight, preferred_element_type=jnp.float32)
+            return out if cap is None else jnp.tanh(out / cap) * cap
+
+        return apply
 
     # ------------------------------------------------------------------ full sequence
 

@@ -101,29 +101,49 @@ def _constrain(tree, shardings: tuple | None):
                                         for x, s in zip(leaves, shardings)])
 
 
-def _forward(graphdefs: GraphDefs, params, rest, batch: Batch, opts: StepOptions):
-    """(logits [B, T, V] float32, values [B, T] or None)."""
+def _forward(graphdefs: GraphDefs, params, rest, batch: Batch, opts: StepOptions, *,
+             entropy: bool = False, entropy_grad: bool = True, correct: bool = False):
+    """(per-token stats {"logp", ["entropy"], ["correct"]} each [B, T], values [B, T] or None).
+
+    With `opts.logits_chunk` > 0 the LM head runs chunk by chunk over loss positions only
+    (`algos.chunked_token_stats`; stats are 0 where loss_mask == 0, which every reader
+    masks); 0 computes the full float32 logits [B, T, V] (the reference).
+    """
     model = nnx.merge(graphdefs.model, params["model"], rest)
     hidden = model.hidden(batch.input_ids, batch.positions, batch.segment_ids,
                           remat=opts.remat, scan=opts.scan_layers, attention=opts.attention,
                           attention_block=opts.attention_block)  # [B, T, D]
-    logits = model.logits(hidden)
+    flags = dict(entropy=entropy, entropy_grad=entropy_grad, correct=correct)
+    if opts.logits_chunk > 0:
+        b, t, d = hidden.shape
+        stats = algos.chunked_token_stats(
+            hidden.reshape(b * t, d), batch.target_ids.reshape(b * t),
+            batch.loss_mask.reshape(b * t), model.head(hidden.dtype), chunk=opts.logits_chunk,
+            **flags)
+        stats = {k: v.reshape(b, t) for k, v in stats.items()}
+    else:
+        stats = algos.full_token_stats(hidden, batch.target_ids, batch.loss_mask,
+                                       model.logits, **flags)
     values = None
     if graphdefs.value is not None and "value" in params:
         head = nnx.merge(graphdefs.value, params["value"])
         values = head(hidden)
-    return logits, values
+    return stats, values
 
 
 def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerConfig | None,
           opts: StepOptions):
-    logits, values = _forward(graphdefs, params, rest, batch, opts)
-    logp = algos.gather_logprobs(logits, batch.target_ids)  # [B, T]
+    if rl is None:  # SFT
+        stats, values = _forward(graphdefs, params, rest, batch, opts, correct=True)
+    else:  # the entropy is a loss term only with a coefficient, else a metric
+        stats, values = _forward(graphdefs, params, rest, batch, opts, entropy=True,
+                                 entropy_grad=rl.entropy_coef > 0)
+    logp = stats["logp"]  # [B, T]
     mask = batch.loss_mask
     num_tokens = jnp.sum(mask)
     if rl is None:  # SFT: next-token negative log-likelihood
         loss = algos.aggregate_loss(-logp, mask, mode="token-mean", global_count=counts["tokens"])
-        correct = jnp.sum(jnp.where(mask > 0, jnp.argmax(logits, -1) == batch.target_ids, False))
+        correct = jnp.sum(jnp.where(mask > 0, stats["correct"], False))
         return loss, {"loss": loss, "nll": loss, "correct": correct.astype(jnp.float32),
                       "num_tokens": num_tokens}
     count = counts["tokens"] if rl.agg_mode == "token-mean" else counts["seqs"]
@@ -144,13 +164,12 @@ def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerC
         loss, metrics = algos.gspo_policy_loss(**common, clip_eps_high=eps_high)
     metrics = dict(metrics)
     if rl.entropy_coef > 0:
-        ent_loss, ent = algos.entropy_bonus(logits_btv=logits, loss_mask_bt=mask,
+        ent_loss, ent = algos.entropy_bonus(entropy_bt=stats["entropy"], loss_mask_bt=mask,
                                             coef=rl.entropy_coef, **agg)
         loss = loss + ent_loss
         metrics.update(ent)
-    else:
-        ent_bt = algos.token_entropy(jax.lax.stop_gradient(logits))
-        metrics["entropy"] = algos.aggregate_loss(ent_bt, mask, mode=rl.agg_mode,
+    else:  # stats["entropy"] carries no gradient here
+        metrics["entropy"] = algos.aggregate_loss(stats["entropy"], mask, mode=rl.agg_mode,
                                                   norm=rl.agg_norm, global_count=count)
     if rl.kl_coef > 0 and not rl.kl_in_reward and batch.ref_logprobs is not None:
         kl, kl_metrics = algos.kl_loss(logp_bt=logp, ref_logp_bt=batch.ref_logprobs,
@@ -232,9 +251,13 @@ def init_optimizer(params, *, tx: optax.GradientTransformation):
 @functools.partial(jax.jit, static_argnames=("graphdefs", "opts"))
 def score_tokens(graphdefs: GraphDefs, params, rest, batch: Batch, *,
                  opts: StepOptions = StepOptions()):
-    """(target logprobs [B, T], values [B, T] or None) without gradient."""
-    logits, values = _forward(graphdefs, params, rest, batch, opts)
-    return algos.gather_logprobs(logits, batch.target_ids), values
+    """(target logprobs [B, T], values [B, T] or None) without gradient.
+
+    With `opts.logits_chunk` > 0 the logprobs are 0 where `batch.loss_mask` is 0: the
+    proximal and reference logprobs are read only at loss positions (policy losses, KL).
+    """
+    stats, values = _forward(graphdefs, params, rest, batch, opts)
+    return stats["logp"], values
 
 
 @functools.partial(jax.jit, static_argnames=("name", "knobs", "num_groups", "kl_coef",

@@ -1,0 +1,125 @@
+"""Per-token statistics of the LM head (target log-prob, entropy, argmax hit), chunked.
+
+The loss of a language model needs, per trained position, only a few scalars of the
+categorical over the vocabulary; materialising the float32 logits [B, T, V] for them costs
+B*T*V*4 bytes (20 GB at 32k positions and V=151,936) in the forward pass and again in the
+backward pass. `chunked_token_stats` instead runs the LM head on `chunk` positions at a time,
+only over positions with a nonzero loss mask (compacted to the front), under
+`jax.checkpoint`, so the largest live buffers are a few [chunk, V] float32 arrays, and
+chunks holding no trained position cost nothing. `full_token_stats` is the plain
+full-logits computation with the same outputs (the reference).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from agentax.algos._value import gather_logprobs, token_entropy
+
+__all__ = ["chunked_token_stats", "full_token_stats"]
+
+HeadFn = Callable[[jax.Array], jax.Array]  # hidden [..., D] -> logits [..., V]
+
+
+def _chunk_stats(logits_cv: jax.Array, targets_c: jax.Array, *, entropy: bool,
+                 entropy_grad: bool, correct: bool) -> dict[str, jax.Array]:
+    """Stats of one chunk of logits [C, V] (float32) at targets [C]."""
+    lse_c = jax.nn.logsumexp(logits_cv, axis=-1)
+    # A gather (not a one-hot select) keeps no [C, V] mask for the backward pass.
+    tgt_c = jnp.take_along_axis(logits_cv, targets_c[:, None], axis=-1)[:, 0]
+    out = {"logp": tgt_c - lse_c}
+    if entropy:
+        lg = logits_cv if entropy_grad else jax.lax.stop_gradient(logits_cv)
+        lse = lse_c if entropy_grad else jax.lax.stop_gradient(lse_c)
+        p_cv = jnp.exp(lg - lse[:, None])
+        # -inf logits (a masked vocabulary) contribute 0, as in token_entropy.
+        out["entropy"] = lse - jnp.sum(p_cv * jnp.where(jnp.isfinite(lg), lg, 0.0), axis=-1)
+    if correct:
+        out["correct"] = jnp.argmax(jax.lax.stop_gradient(logits_cv), axis=-1) == targets_c
+    return out
+
+
+def chunked_token_stats(hidden_nd: jax.Array, targets_n: jax.Array, mask_n: jax.Array,
+                        head_fn: HeadFn, *, chunk: int = 1024, entropy: bool = False,
+                        entropy_grad: bool = True, correct: bool = False
+                        ) -> dict[str, jax.Array]:
+    """Target log-probs (and entropy, argmax hit) at masked positions, `chunk` at a time.
+
+    Positions with mask > 0 are moved to the front (stable order), padded to a multiple of
+    `chunk`, and scanned; each chunk computes logits [chunk, V] = head_fn(hidden), their
+    logsumexp and the requested statistics, recomputed in the backward pass
+    (`jax.checkpoint`), and skipped (`lax.cond`) when it holds no masked position. Gradients
+    reach `hidden_nd` and whatever `head_fn` closes over (the LM-head weights).
+
+    Args:
+      hidden_nd: [N, D] final hidden states (any float dtype; passed to head_fn as is).
+      targets_n: [N] int token ids the logits at each position predict.
+      mask_n: [N] loss mask; statistics are computed where mask > 0.
+      head_fn: hidden [C, D] -> logits [C, V] (cast to float32 here), e.g. the model's
+        `logits` with its final softcap.
+      chunk: positions per chunk (static); clipped to N.
+      entropy: also return the entropy of each position's categorical.
+      entropy_grad: whether the entropy carries a gradient (False = a stop-gradient metric
+        whose backward costs nothing).
+      correct: also return whether argmax(logits) == target.
+    Returns:
+      {"logp": [N] float32, ["entropy": [N] float32], ["correct": [N] bool]}, each 0
+      (False) where mask == 0.
+    """
+    n, d = hidden_nd.shape
+    if chunk <= 0:
+        raise ValueError(f"chunk must be > 0, got {chunk}")
+    c = min(chunk, n)
+    num_chunks = -(-n // c)
+    pad = num_chunks * c - n
+    keep_n = jnp.asarray(mask_n) > 0
+    order_n = jnp.argsort(~keep_n, stable=True)  # trained positions first, in order
+    keep_s = jnp.pad(keep_n[order_n], (0, pad))
+    tgt_s = jnp.pad(jnp.asarray(targets_n, jnp.int32)[order_n], (0, pad))
+    # Untrained rows are zeroed so a NaN there cannot reach the head's gradient.
+    h_sd = jnp.pad(jnp.where(keep_n[:, None], hidden_nd, 0)[order_n], ((0, pad), (0, 0)))
+    flags = dict(entropy=entropy, entropy_grad=entropy_grad, correct=correct)
+
+    def compute(h_cd, tgt_c):
+        logits_cv = jnp.asarray(head_fn(h_cd), jnp.float32)  # [C, V]
+        return _chunk_stats(logits_cv, tgt_c, **flags)
+
+    zeros = jax.eval_shape(compute, jax.ShapeDtypeStruct((c, d), hidden_nd.dtype),
+                           jax.ShapeDtypeStruct((c,), jnp.int32))
+
+    @jax.checkpoint
+    def body(carry, xs):
+        h_cd, tgt_c, keep_c = xs
+        stats = jax.lax.cond(jnp.any(keep_c), compute,
+                             lambda *_: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                     zeros),
+                             h_cd, tgt_c)
+        return carry, jax.tree.map(lambda x: jnp.where(keep_c, x, jnp.zeros((), x.dtype)),
+                                   stats)
+
+    xs = (h_sd.reshape(num_chunks, c, d), tgt_s.reshape(num_chunks, c),
+          keep_s.reshape(num_chunks, c))
+    _, stats = jax.lax.scan(body, None, xs)
+    return {k: jnp.zeros((n,), v.dtype).at[order_n].set(v.reshape(-1)[:n], unique_indices=True)
+            for k, v in stats.items()}
+
+
+def full_token_stats(hidden_nd: jax.Array, targets_n: jax.Array, mask_n: jax.Array,
+                     head_fn: HeadFn, *, entropy: bool = False, entropy_grad: bool = True,
+                     correct: bool = False) -> dict[str, jax.Array]:
+    """`chunked_token_stats` through the full logits [..., V] (the memory-hungry reference).
+
+    Same arguments and keys, any leading shape; values at mask == 0 are computed too.
+    """
+    del mask_n
+    logits = jnp.asarray(head_fn(hidden_nd), jnp.float32)
+    out = {"logp": gather_logprobs(logits, targets_n)}
+    if entropy:
+        out["entropy"] = token_entropy(logits if entropy_grad
+                                       else jax.lax.stop_gradient(logits))
+    if correct:
+        out["correct"] = jnp.argmax(logits, axis=-1) == targets_n
+    return out
