@@ -29,12 +29,12 @@ def _chunk_stats(logits_cv: jax.Array, targets_c: jax.Array, *, entropy: bool,
     """Stats of one chunk of logits [C, V] (float32) at targets [C]."""
     lse_c = jax.nn.logsumexp(logits_cv, axis=-1)
     # A gather (not a one-hot select) keeps no [C, V] mask for the backward pass.
-    tgt_c = jnp.take_along_axis(logits_cv, targets_c[:, None], axis=-1)[:, 0]
+    tgt_c = jnp.take_along_axis(logits_cv, targets_c[..., None], axis=-1)[..., 0]
     out = {"logp": tgt_c - lse_c}
     if entropy:
         lg = logits_cv if entropy_grad else jax.lax.stop_gradient(logits_cv)
         lse = lse_c if entropy_grad else jax.lax.stop_gradient(lse_c)
-        p_cv = jnp.exp(lg - lse[:, None])
+        p_cv = jnp.exp(lg - lse[..., None])
         # -inf logits (a masked vocabulary) contribute 0, as in token_entropy.
         out["entropy"] = lse - jnp.sum(p_cv * jnp.where(jnp.isfinite(lg), lg, 0.0), axis=-1)
     if correct:
@@ -48,17 +48,20 @@ def chunked_token_stats(hidden_nd: jax.Array, targets_n: jax.Array, mask_n: jax.
                         ) -> dict[str, jax.Array]:
     """Target log-probs (and entropy, argmax hit) at masked positions, `chunk` at a time.
 
-    Positions with mask > 0 are moved to the front (stable order), padded to a multiple of
-    `chunk`, and scanned; each chunk computes logits [chunk, V] = head_fn(hidden), their
+    Positions with mask > 0 are moved to the front of their row (stable order), padded to a
+    multiple of the chunk, and scanned; a chunk is the same ~chunk / B columns of every row
+    (~`chunk` positions in all, so rows sharded over devices stay sharded); each chunk
+    computes logits [B, chunk / B, V] = head_fn(hidden), their
     logsumexp and the requested statistics, recomputed in the backward pass
     (`jax.checkpoint`), and skipped (`lax.cond`) when it holds no masked position. Gradients
     reach `hidden_nd` and whatever `head_fn` closes over (the LM-head weights).
 
     Args:
-      hidden_nd: [N, D] final hidden states (any float dtype; passed to head_fn as is).
-      targets_n: [N] int token ids the logits at each position predict.
-      mask_n: [N] loss mask; statistics are computed where mask > 0.
-      head_fn: hidden [C, D] -> logits [C, V] (cast to float32 here), e.g. the model's
+      hidden_nd: [N, D] or [B, N, D] final hidden states (any float dtype; passed to
+        head_fn as is).
+      targets_n: [N] or [B, N] int token ids the logits at each position predict.
+      mask_n: [N] or [B, N] loss mask; statistics are computed where mask > 0.
+      head_fn: hidden [..., D] -> logits [..., V] (cast to float32 here), e.g. the model's
         `logits` with its final softcap.
       chunk: positions per chunk (static); clipped to N.
       entropy: also return the entropy of each position's categorical.
@@ -66,44 +69,55 @@ def chunked_token_stats(hidden_nd: jax.Array, targets_n: jax.Array, mask_n: jax.
         whose backward costs nothing).
       correct: also return whether argmax(logits) == target.
     Returns:
-      {"logp": [N] float32, ["entropy": [N] float32], ["correct": [N] bool]}, each 0
+      {"logp": float32, ["entropy": float32], ["correct": bool]}, each [N] (or [B, N]) and 0
       (False) where mask == 0.
     """
-    n, d = hidden_nd.shape
     if chunk <= 0:
         raise ValueError(f"chunk must be > 0, got {chunk}")
-    c = min(chunk, n)
+    if hidden_nd.ndim == 2:  # one row
+        out = chunked_token_stats(hidden_nd[None], targets_n[None], mask_n[None], head_fn,
+                                  chunk=chunk, entropy=entropy, entropy_grad=entropy_grad,
+                                  correct=correct)
+        return {k: v[0] for k, v in out.items()}
+    # Rows [B, N, D]: each row's trained positions move to its front, and a chunk takes the
+    # same columns of every row, so a batch sharded over rows stays sharded (a flattened
+    # [B * N] order would gather every row onto every device).
+    b, n, d = hidden_nd.shape
+    c = min(max(1, chunk // b), n)  # positions per row in a chunk: ~`chunk` in all
     num_chunks = -(-n // c)
     pad = num_chunks * c - n
-    keep_n = jnp.asarray(mask_n) > 0
-    order_n = jnp.argsort(~keep_n, stable=True)  # trained positions first, in order
-    keep_s = jnp.pad(keep_n[order_n], (0, pad))
-    tgt_s = jnp.pad(jnp.asarray(targets_n, jnp.int32)[order_n], (0, pad))
-    # Untrained rows are zeroed so a NaN there cannot reach the head's gradient.
-    h_sd = jnp.pad(jnp.where(keep_n[:, None], hidden_nd, 0)[order_n], ((0, pad), (0, 0)))
+    keep_bn = jnp.asarray(mask_n) > 0
+    order_bn = jnp.argsort(~keep_bn, axis=1, stable=True)  # trained positions first, in order
+    take = lambda x: jnp.take_along_axis(x, order_bn, axis=1)  # noqa: E731
+    keep_s = jnp.pad(take(keep_bn), ((0, 0), (0, pad)))
+    tgt_s = jnp.pad(take(jnp.asarray(targets_n, jnp.int32)), ((0, 0), (0, pad)))
+    # Untrained positions are zeroed so a NaN there cannot reach the head's gradient.
+    h_s = jnp.where(keep_bn[..., None], hidden_nd, 0)
+    h_s = jnp.pad(jnp.take_along_axis(h_s, order_bn[..., None], axis=1),
+                  ((0, 0), (0, pad), (0, 0)))
     flags = dict(entropy=entropy, entropy_grad=entropy_grad, correct=correct)
 
-    def compute(h_cd, tgt_c):
-        logits_cv = jnp.asarray(head_fn(h_cd), jnp.float32)  # [C, V]
-        return _chunk_stats(logits_cv, tgt_c, **flags)
+    def compute(h_bcd, tgt_bc):
+        logits = jnp.asarray(head_fn(h_bcd), jnp.float32)  # [B, C, V]
+        return _chunk_stats(logits, tgt_bc, **flags)
 
-    zeros = jax.eval_shape(compute, jax.ShapeDtypeStruct((c, d), hidden_nd.dtype),
-                           jax.ShapeDtypeStruct((c,), jnp.int32))
+    zeros = jax.eval_shape(compute, jax.ShapeDtypeStruct((b, c, d), hidden_nd.dtype),
+                           jax.ShapeDtypeStruct((b, c), jnp.int32))
 
     @jax.checkpoint
     def body(carry, xs):
-        h_cd, tgt_c, keep_c = xs
-        stats = jax.lax.cond(jnp.any(keep_c), compute,
+        h_bcd, tgt_bc, keep_bc = xs
+        stats = jax.lax.cond(jnp.any(keep_bc), compute,
                              lambda *_: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                                      zeros),
-                             h_cd, tgt_c)
-        return carry, jax.tree.map(lambda x: jnp.where(keep_c, x, jnp.zeros((), x.dtype)),
+                             h_bcd, tgt_bc)
+        return carry, jax.tree.map(lambda x: jnp.where(keep_bc, x, jnp.zeros((), x.dtype)),
                                    stats)
 
-    xs = (h_sd.reshape(num_chunks, c, d), tgt_s.reshape(num_chunks, c),
-          keep_s.reshape(num_chunks, c))
-    _, stats = jax.lax.scan(body, None, xs)
-    return {k: jnp.zeros((n,), v.dtype).at[order_n].set(v.reshape(-1)[:n], unique_indices=True)
+    chunks = lambda x: jnp.moveaxis(x.reshape(b, num_chunks, c, *x.shape[2:]), 1, 0)  # noqa: E731
+    _, stats = jax.lax.scan(body, None, (chunks(h_s), chunks(tgt_s), chunks(keep_s)))
+    back = jnp.argsort(order_bn, axis=1)  # where each position went
+    return {k: jnp.take_along_axis(jnp.moveaxis(v, 0, 1).reshape(b, -1)[:, :n], back, axis=1)
             for k, v in stats.items()}
 
 

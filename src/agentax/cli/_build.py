@@ -24,8 +24,8 @@ from agentax.models import ModelConfig, Transformer, load_pretrained, read_hf_co
 from agentax.records import Message, Task
 from agentax.text import load_tokenizer
 
-__all__ = ["TaskSuite", "build_engine", "build_model", "build_suite_for", "build_tokenizer",
-           "load_run_model", "resolve_config"]
+__all__ = ["TaskSuite", "build_engine", "build_mesh", "build_model", "build_suite_for",
+           "build_tokenizer", "load_run_model", "resolve_config"]
 
 _DTYPE_FIELDS = ("dtype", "param_dtype")
 
@@ -79,6 +79,23 @@ def latest_checkpoint(run_dir: str | Path) -> tuple[Path, str] | None:
     return ckpt, read_checkpoint_meta(ckpt / f"step_{step}")["kind"]
 
 
+def build_mesh(cfg: RunConfig) -> Any:
+    """The trainers' device mesh from `trainer.mesh` (None when unset: one device).
+
+    Raises:
+      ConfigError: the mesh needs more devices than there are.
+    """
+    if cfg.trainer.mesh is None:
+        return None
+    from agentax.train import make_mesh
+
+    sizes = {axis: int(n) for axis, n in cfg.trainer.mesh.items()}
+    try:
+        return make_mesh(**sizes)
+    except ValueError as e:
+        raise ConfigError(f"trainer.mesh={sizes}: {e}; or make trainer.mesh smaller") from None
+
+
 def load_run_model(run_dir: str | Path, cfg: RunConfig) -> Transformer:
     """The policy saved in `run_dir`'s newest checkpoint (RL or SFT)."""
     from agentax.train import RLTrainer, SFTTrainer
@@ -89,9 +106,9 @@ def load_run_model(run_dir: str | Path, cfg: RunConfig) -> Transformer:
     ckpt, kind = found
     base = Transformer(cfg.model, rngs=nnx.Rngs(cfg.run.seed))
     trainer_cls = RLTrainer if kind == "rl" else SFTTrainer
-    trainer = trainer_cls(base, cfg.trainer)
+    trainer = trainer_cls(base, cfg.trainer, mesh=build_mesh(cfg))
     trainer.restore_checkpoint(ckpt)
-    return trainer.export_model()
+    return trainer.export_model(release=True)
 
 
 def build_model(cfg: RunConfig) -> Transformer:
@@ -260,5 +277,7 @@ def build_suite_for(cfg: RunConfig) -> TaskSuite:
 
 
 def build_engine(cfg: RunConfig, model: Transformer, tokenizer: Any, *, version: int = 0) -> Engine:
+    """The engine, on one device (a model sharded over the trainer's mesh is gathered onto the
+    mesh's first device)."""
     return Engine(model, cfg.engine, eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer,
                   policy_version=version)

@@ -26,6 +26,7 @@ from agentax._executors import lower_thread_priority
 from agentax.cli._build import (
     TaskSuite,
     build_engine,
+    build_mesh,
     build_model,
     build_suite_for,
     build_tokenizer,
@@ -124,15 +125,16 @@ def sft_trainer_config(cfg: RunConfig):
 
 
 def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter, *,
-               save: bool = False):
-    """SFT on the task's demonstrations; returns (trainer, last metrics)."""
+               save: bool = False, mesh=None):
+    """SFT on the task's demonstrations (on `mesh`, the RL trainer's); returns (trainer, last
+    metrics)."""
     from agentax.recipes._render import render_examples
     from agentax.train import SFTTrainer
 
     t0 = time.perf_counter()
     examples = render_examples(tokenizer, demonstrations(cfg, suite), tools=list(suite.tools) or None)
     rep.timings["sft_render_s"] = time.perf_counter() - t0
-    trainer = SFTTrainer(model, sft_trainer_config(cfg))
+    trainer = SFTTrainer(model, sft_trainer_config(cfg), mesh=mesh)
     view = rep.view(cfg.sft.steps, ("loss", "accuracy"), "sft")
     every = max(1, cfg.sft.steps // 10)
     last: dict[str, Any] = {}
@@ -209,6 +211,7 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
     rep = Reporter(cfg, run_dir, quiet=quiet)
     try:
         rep.say(f"[bold]agentax train[/bold] -> {run_dir}")
+        mesh = build_mesh(cfg)
         tokenizer = build_tokenizer(cfg)
         suite = build_suite_for(cfg)
         model = build_model(cfg)
@@ -218,16 +221,19 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         summary: dict[str, Any] = {"run_dir": str(run_dir), "task": suite.name}
         engine = None
         try:
-            trainer = RLTrainer(model, cfg.trainer)
+            trainer = RLTrainer(model, cfg.trainer, mesh=mesh)
             if found is None and cfg.sft.steps:
                 # Kernels depend on shapes, not weights: the engine's step thread and a thread
                 # of ours compile the engine's and the RL trainer's while SFT trains (its steps
-                # leave most of a second core idle); then both get the SFT weights.
+                # leave most of a second core idle); then both get the SFT weights. One trainer
+                # state at a time: the RL trainer's is freed while SFT trains (it compiles from
+                # shapes), the SFT trainer's as its weights are exported.
+                trainer.release()
                 engine = build_engine(replace(cfg, engine=replace(cfg.engine, precompile=True)),
                                       model, tokenizer)
                 compiling = _precompile_rl(cfg, trainer, after=engine.wait_compiled)
-                sft, last = warm_start(cfg, model, tokenizer, suite, rep)
-                model = sft.export_model()
+                sft, last = warm_start(cfg, model, tokenizer, suite, rep, mesh=mesh)
+                model = sft.export_model(release=True)
                 engine.update_weights(model, 0)
                 compiling.join()
                 gc.freeze()
@@ -449,8 +455,9 @@ def run_sft(cfg: RunConfig, run_dir: Path, *, quiet: bool = False) -> dict:
         model = build_model(cfg)
         if not cfg.sft.steps:
             raise ValueError("sft.steps is 0: nothing to train; set sft.steps=N")
-        trainer, last = warm_start(cfg, model, tokenizer, suite, rep, save=True)
-        engine = build_engine(cfg, trainer.export_model(), tokenizer)
+        trainer, last = warm_start(cfg, model, tokenizer, suite, rep, save=True,
+                                   mesh=build_mesh(cfg))
+        engine = build_engine(cfg, trainer.export_model(release=True), tokenizer)
         try:
             results = asyncio.run(_evaluate(cfg, engine, tokenizer, suite))
         finally:

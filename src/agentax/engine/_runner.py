@@ -37,10 +37,14 @@ class Runner:
         graphdef, state = nnx.split(model)
         weights, treedef = jax.tree.flatten(state)
         self.model_def = ModelDef(graphdef, treedef)
-        # Committed to their devices: jit keys its cache on committedness, so weights from a
-        # trainer (always committed) would otherwise recompile every kernel on first use.
-        self.weights = [jax.device_put(w, w.sharding) for w in weights]
-        device = next(iter(self.weights[0].devices()))
+        # Committed to one device: jit keys its cache on committedness, so weights from a
+        # trainer (always committed) would otherwise recompile every kernel on first use. A
+        # model sharded over a trainer's mesh is gathered onto the mesh's first device (the
+        # engine runs on one device).
+        device = min(weights[0].sharding.device_set, key=lambda d: d.id)
+        self.weights = [jax.device_put(w, w.sharding if w.sharding.device_set == {device}
+                                       else jax.sharding.SingleDeviceSharding(device))
+                        for w in weights]
         # The cache too: an uncommitted first cache compiled the first prefill shape twice
         # (once for the fresh cache, once for the committed one the kernel returns).
         # Sliding-window layers hold rings sized for the longest call (a prefill chunk or a
@@ -77,9 +81,12 @@ class Runner:
         for new, old in zip(leaves, self.weights):
             if new.shape != old.shape:
                 raise ValueError(f"update_weights: shape {new.shape} != engine's {old.shape}")
-        # Onto the engine's own placement (a no-op when already there), so the compiled
-        # kernels are reused whatever device or committedness the new arrays had.
-        return [jax.device_put(new, old.sharding) for new, old in zip(leaves, self.weights)]
+        # In the engine's own dtype (a trainer's float32 master copy reaches a bfloat16 engine
+        # as bfloat16; cast before the move, so fewer bytes travel) and onto its own placement
+        # (a no-op when already there): the compiled kernels are reused whatever dtype,
+        # device or committedness the new arrays had.
+        return [jax.device_put(_as_dtype(new, old.dtype), old.sharding)
+                for new, old in zip(leaves, self.weights)]
 
     def stage_weights(self, leaves: list, version: int) -> None:
         """Queues new weights; `apply_staged` swaps them in (safe from any thread)."""
@@ -180,6 +187,13 @@ class Runner:
                         sampling, span, *tail,
                     )
         jax.block_until_ready(self.cache)
+
+
+def _as_dtype(x, dtype):
+    if x.dtype == dtype or not (jnp.issubdtype(x.dtype, jnp.floating)
+                                and jnp.issubdtype(dtype, jnp.floating)):
+        return x
+    return x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x).astype(dtype)
 
 
 def _page_pool(config, cfg: EngineConfig) -> KVCache:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,8 @@ def _pick_prefix(names: set[str]) -> str:
     )
 
 
-def _as_param(array: np.ndarray, name: str, spec, target: jax.ShapeDtypeStruct) -> jax.Array:
+def _as_param(array: np.ndarray, name: str, spec, target: jax.ShapeDtypeStruct,
+              sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     if array.dtype not in (np.float32, np.float16, ml_dtypes.bfloat16):
         raise ValueError(
             f"tensor '{name}' has dtype {array.dtype}; agentax loads float32 / bfloat16 / "
@@ -124,8 +126,12 @@ def _as_param(array: np.ndarray, name: str, spec, target: jax.ShapeDtypeStruct) 
             "num_attention_heads, num_key_value_heads, head_dim, vocab_size)"
         )
     if spec.transpose:
-        array = array.T
-    return jnp.asarray(np.ascontiguousarray(array).astype(target.dtype))
+        array = array.T  # a view: each shard below copies only its own slice
+    if sharding is None:
+        return jnp.asarray(np.ascontiguousarray(array).astype(target.dtype))
+    return jax.make_array_from_callback(
+        tuple(array.shape), sharding,
+        lambda index: np.ascontiguousarray(array[index]).astype(target.dtype))
 
 
 def load_pretrained(
@@ -134,6 +140,7 @@ def load_pretrained(
     dtype: str | None = None,
     param_dtype: str | None = None,
     strict: bool = True,
+    shardings: Callable[[str, tuple[int, ...]], jax.sharding.Sharding] | None = None,
 ) -> Transformer:
     """A `Transformer` holding the weights of a local Hugging Face checkpoint directory.
 
@@ -143,6 +150,11 @@ def load_pretrained(
       dtype: compute dtype ('float32' / 'bfloat16'); default: the checkpoint's dtype.
       param_dtype: parameter storage dtype; default: `dtype` if given, else the checkpoint's.
       strict: passed to `config_from_hf` (False: unknown config fields only warn).
+      shardings: where each parameter goes: called with its path joined by '/' (e.g.
+        'layers/0/attn/q_proj/kernel') and its shape, it returns a `jax.sharding.Sharding`,
+        and each device receives only its slice of the tensor, read from the host (the model
+        is never staged whole on one device). `agentax.train.param_sharding_fn(mesh)` gives
+        the trainer's layout. Default: every parameter on the default device.
 
     Returns:
       The model; `model.config` is the parsed config.
@@ -202,7 +214,9 @@ def load_pretrained(
                 except Exception as e:  # a damaged data section
                     raise ValueError(f"{file}: tensor '{name}' cannot be read ({e}); the file "
                                      "may be truncated: download or export it again") from None
-                array = _as_param(tensor, name, spec, var.value)
+                sharding = None if shardings is None else shardings(
+                    "/".join(str(p) for p in spec.path), tuple(var.value.shape))
+                array = _as_param(tensor, name, spec, var.value, sharding)
                 filled[spec.path] = var.replace(array)
     left = sorted(set(targets) - set(filled))
     if left:  # a table/model mismatch: a bug in agentax, not in the checkpoint

@@ -367,7 +367,7 @@ def _compute_cast(path, x, dtype):
 
 
 def _run_layers(blocks, cfg: ModelConfig, x, positions_bt, seg_bt, *, remat: str, scan: bool,
-                impl: str, block: int):
+                impl: str, block: int, pin=lambda x: x):
     """The decoder layers of the full-sequence forward, scanned or looped, under remat."""
     if remat not in ("none", *_REMAT_POLICIES):
         raise ValueError(f"remat must be 'none', 'full' or 'save_dots', got {remat!r}")
@@ -383,7 +383,8 @@ def _run_layers(blocks, cfg: ModelConfig, x, positions_bt, seg_bt, *, remat: str
     if not scan or len(blocks) < 2 or len(structure) != 1:
         for gd, st in splits:
             def one(x, st, gd=gd):
-                return nnx.merge(gd, st)(x, positions_bt, seg_bt, impl=impl, block=block)
+                return pin(nnx.merge(gd, st)(pin(x), positions_bt, seg_bt, impl=impl,
+                                             block=block))
             x = checkpointed(one)(x, st)
         return x
     dtype = jnp.dtype(cfg.dtype)
@@ -400,9 +401,9 @@ def _run_layers(blocks, cfg: ModelConfig, x, positions_bt, seg_bt, *, remat: str
     def body(x, layer):
         st, inv, window = layer
         window = static_window if static_window is not None else window
-        y = nnx.merge(graphdef, st)(x, positions_bt, seg_bt, inv_freq=inv, window=window,
+        y = nnx.merge(graphdef, st)(pin(x), positions_bt, seg_bt, inv_freq=inv, window=window,
                                     impl=impl, block=block)
-        return y, None
+        return pin(y), None
 
     xs = (stacked, inv_freq, jnp.asarray(windows, jnp.int32))
     x, _ = jax.lax.scan(checkpointed(body), x, xs)
@@ -467,6 +468,7 @@ class Transformer(nnx.Module):
         scan: bool = True,
         attention: str = "auto",
         attention_block: int = 512,
+        activation_sharding=None,
     ) -> jax.Array:
         """Final-norm hidden states [B, T, D] of a full-sequence forward pass.
 
@@ -484,6 +486,8 @@ class Transformer(nnx.Module):
           attention: 'blocked' (O(T x block) memory, masked blocks skipped), 'dense' (the
             [T, T] reference), 'cudnn' (GPU) or 'auto' (see `resolve_attention_impl`).
           attention_block: the blocked attention's block size.
+          activation_sharding: a sharding the [B, T, D] activations are pinned to at each
+            layer (rows over the data axes), or None.
         """
         b, t = input_ids_bt.shape
         seg = segment_ids_bt
@@ -499,10 +503,12 @@ class Transformer(nnx.Module):
         impl = resolve_attention_impl(attention, softcap=cfg.attn_logit_softcap,
                                       segmented=seg is not None, dtype=cfg.dtype,
                                       traced_window=scan and len(windows) > 1)
-        x = self.embed_tokens(input_ids_bt)
+        pin = ((lambda x: jax.lax.with_sharding_constraint(x, activation_sharding))
+               if activation_sharding is not None else (lambda x: x))
+        x = pin(self.embed_tokens(input_ids_bt))
         x = _run_layers(list(self.layers), cfg, x, positions_bt, seg, remat=remat, scan=scan,
-                        impl=impl, block=attention_block)
-        return self.final_norm(x)
+                        impl=impl, block=attention_block, pin=pin)
+        return pin(self.final_norm(x))
 
     def __call__(
         self,

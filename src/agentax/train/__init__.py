@@ -13,7 +13,7 @@ from agentax.train._checkpoint import (
 from agentax.train._config import LoRAConfig, TrainerConfig
 from agentax.train._rl import RLTrainer, TrainMetrics
 from agentax.train._sft import SFTMetrics, SFTTrainer, sft_examples
-from agentax.train._sharding import DEFAULT_PARTITION_RULES, make_mesh
+from agentax.train._sharding import DEFAULT_PARTITION_RULES, make_mesh, param_sharding_fn
 from agentax.train._step import NonFiniteUpdateError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "checkpoint_steps",
     "latest_checkpoint_step",
     "make_mesh",
+    "param_sharding_fn",
     "read_checkpoint_meta",
     "sft_examples",
 ]

@@ -1,8 +1,14 @@
 """State shared by `RLTrainer` and `SFTTrainer`: the split model, optimizer, mesh, counters.
 
-The trainer owns a private copy of the model's parameters (the train step donates its buffers,
-so the caller's model is never invalidated). Trainable parameters are all `nnx.Param`s, or
-only the `nnx.LoRAParam`s when LoRA is on; everything else is frozen `rest`.
+The trainer owns a private copy of the model's trainable parameters (the train step donates
+its buffers, so the caller's model is never invalidated). Trainable parameters are all
+`nnx.Param`s, or only the `nnx.LoRAParam`s when LoRA is on; everything else is frozen `rest`.
+
+Mixed precision: the trainable copy (the master weights), the Adam moments and the gradient
+accumulator are held in `TrainerConfig.master_dtype` (float32 by default) whatever the model's
+dtype; the forward casts weights to the compute dtype at use (the model's `config.dtype`, or
+`compute_dtype`). The frozen rest keeps the model's dtype, and what leaves the trainer
+(`params_for_engine`, `export_model`) is in the model's own dtype again.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from agentax.train._sharding import (
     DEFAULT_PARTITION_RULES,
     batch_sharding,
     data_parallel_size,
-    shard_params,
+    param_shardings,
 )
 from agentax.train._step import (
     SUM_METRICS,
@@ -58,6 +64,46 @@ def _copy(tree):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
+def _is_float(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _fresh(x, dtype, *, take: bool = False):
+    """`x` in `dtype` (floating leaves only) in a buffer of its own; with `take`, `x` itself
+    when it already has that dtype (the caller hands its buffer over)."""
+    if _is_float(x) and x.dtype != dtype:
+        return x.astype(dtype)  # the cast allocates: no copy first
+    return x if take else jnp.array(x, copy=True)
+
+
+def _abstract(tree):
+    """Shapes, dtypes and shardings of `tree` (what lowering a kernel needs, no buffers)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+
+
+def _delete(tree, keep=frozenset()) -> None:
+    """Frees the device buffers of `tree`'s arrays (except those whose id is in `keep`)."""
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array) and id(x) not in keep and not x.is_deleted():
+            x.delete()
+
+
+_warned_bf16_master = False
+
+
+def _warn_bf16_master() -> None:
+    global _warned_bf16_master
+    if _warned_bf16_master:
+        return
+    _warned_bf16_master = True
+    log.warning("trainer.master_dtype='bfloat16': the trained weights, Adam moments and "
+                "gradient accumulator are bfloat16 (8 mantissa bits), so every update smaller "
+                "than ~0.4% of its weight rounds away; at RL learning rates (1e-6) most "
+                "updates vanish silently. Set trainer.master_dtype: float32 (the default) to "
+                "keep float32 master weights (the forward still computes in bfloat16)")
+
+
 class TrainerBase:
     """Holds params / optimizer / mesh and runs accumulate + apply over micro-batches."""
 
@@ -77,17 +123,20 @@ class TrainerBase:
         # that a resumed trainer hits the same compiled kernels as a fresh one.
         self._batch_sharding = (batch_sharding(mesh) if mesh is not None
                                 else SingleDeviceSharding(jax.local_devices()[0]))
-        graphdef, params, self._rest = self._split(model, rngs)
+        self._master_dtype = jnp.dtype(config.master_dtype)
+        if config.master_dtype == "bfloat16":
+            _warn_bf16_master()
+        graphdef, params, self._rest, self._export_dtypes = self._split(model, rngs)
         tree = {"model": params}
         value_gd = None
         if value_head:
             value_gd, value_params = nnx.split(ValueHead(model.config.hidden_size, rngs=rngs))
-            tree["value"] = self._place(value_params)
+            tree["value"] = self._own(value_params)
         self._graphdefs = GraphDefs(model=graphdef, value=value_gd)
         self._plain_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(model.config)))[0]
         self._params = tree
         self._tx = make_optimizer(config)
-        self._opts = StepOptions.from_config(config)
+        self._opts = StepOptions.from_config(config, mesh)
         # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
         # optimizer state's paths end in the parameter paths, so the same rules place it.
         self._opt_state, self._acc = self._place(init_optimizer(self._params, tx=self._tx))
@@ -99,6 +148,8 @@ class TrainerBase:
                             else self._batch_sharding)
         self._schedule_arg = jax.device_put(lr_schedule(config), self._replicated)
         self._row_multiple = data_parallel_size(mesh)
+        self.released = False
+        """True after `release()` (or `export_model(release=True)`) until `load_weights`."""
         self._compiles = CompileCounter()
         self.step_count = 0
         """Optimizer updates applied (skipped updates do not count)."""
@@ -110,26 +161,49 @@ class TrainerBase:
 
     # ------------------------------------------------------------------ model copies
 
-    def _place(self, tree):
+    def _shardings(self, tree):
         if self.mesh is not None:
-            return shard_params(tree, self.mesh, self.partition_rules)
-        return jax.device_put(tree, self._batch_sharding)
+            return param_shardings(tree, self.mesh, self.partition_rules)
+        return jax.tree.map(lambda _: self._batch_sharding, tree)
+
+    def _place(self, tree):
+        """`tree` on the trainer's shardings (its arrays themselves where already there)."""
+        return jax.device_put(tree, self._shardings(tree))
+
+    def _own(self, tree):
+        """A copy of `tree` that only this trainer holds (the train step donates it), on the
+        trainer's shardings, floating leaves in the master dtype. Each leaf goes straight to
+        its sharding and is cast there: no whole-model copy is staged on one device."""
+        dtype = self._master_dtype
+
+        def one(x, sharding):
+            placed = jax.device_put(x, sharding)  # may share buffers with x (even resharded)
+            if _is_float(x) and x.dtype != dtype:
+                return placed.astype(dtype)
+            return jnp.array(placed, copy=True)
+        return jax.tree.map(one, tree, self._shardings(tree))
 
     def _split(self, model: Transformer, rngs: nnx.Rngs):
-        """(graphdef, trainable params, frozen rest) of a private working copy of `model`,
-        with LoRA adapters when on, placed on the trainer's devices."""
+        """(graphdef computing in the compute dtype, trainable master params, frozen rest,
+        the model's dtypes of the trainable leaves) of `model`, with LoRA adapters when on.
+
+        The trainable leaves are copied (onto the trainer's shardings, in the master dtype);
+        the frozen rest keeps the model's dtype and is shared with `model` where it already
+        sits on the right devices (nothing donates it)."""
         work = self._working_copy(model)
         if self.config.lora is not None:
             apply_lora(work, self.config.lora, rngs=rngs)
         trainable = nnx.LoRAParam if self.config.lora is not None else nnx.Param
         graphdef, params, rest = nnx.split(work, trainable, ...)
-        return graphdef, self._place(params), self._place(rest)
+        dtypes = tuple(x.dtype for x in jax.tree.leaves(params))
+        return graphdef, self._own(params), self._place(rest), dtypes
 
     def load_weights(self, model: Transformer) -> None:
         """Trains `model`'s weights from here on, keeping this trainer's compiled kernels,
         optimizer state and counters (a LoRA trainer gets fresh adapters over them): a trainer
         built and `precompile`d before its starting weights exist takes them this way (the CLI
-        compiles its RL trainer's kernels while SFT trains). Call it before the first step.
+        compiles its RL trainer's kernels while SFT trains). Call it before the first step. A
+        released trainer (`release()`) gets a fresh optimizer state and accumulator.
 
         Raises:
           ValueError: `model` has another architecture than the trainer's.
@@ -137,13 +211,55 @@ class TrainerBase:
         if model.config != self.model_config:
             raise ValueError(f"load_weights needs the trainer's architecture {self.model_config}, "
                              f"got {model.config}")
-        graphdef, params, self._rest = self._split(model, nnx.Rngs(self.config.seed))
+        if not self.released:  # the old weights go before the new ones arrive
+            _delete(self._params["model"])
+        graphdef, params, self._rest, self._export_dtypes = self._split(
+            model, nnx.Rngs(self.config.seed))
         assert graphdef == self._graphdefs.model, "same config, same module structure"
-        self._params = {**self._params, "model": params}
+        if self.released:
+            value = self._params.get("value")
+            self._params = {"model": params}
+            if value is not None:  # a fresh (zero) head, as a new trainer gets
+                self._params["value"] = self._own(nnx.split(ValueHead(
+                    self.model_config.hidden_size, rngs=nnx.Rngs(self.config.seed)))[1])
+            self._opt_state, self._acc = self._place(init_optimizer(self._params, tx=self._tx))
+            self.released = False
+        else:
+            self._params = {**self._params, "model": params}
+
+    def release(self) -> None:
+        """Frees this trainer's device state: master weights, optimizer state and gradient
+        accumulator are deleted, the frozen rest dropped (it may be shared with the model it
+        came from). Shapes and shardings stay: `precompile` still compiles the step's kernels,
+        and `load_weights(model)` makes the trainer usable again (the CLI frees its SFT
+        trainer this way once the RL trainer has its weights, and its RL trainer while SFT
+        trains, so that one trainer state exists at a time)."""
+        if self.released:
+            return
+        self._release_optimizer()
+        self._release_params()
+
+    def _release_optimizer(self) -> None:
+        abstract = _abstract((self._opt_state, self._acc))
+        _delete((self._opt_state, self._acc))
+        self._opt_state, self._acc = abstract
+        self.released = True
+
+    def _release_params(self, keep=frozenset()) -> None:
+        abstract = _abstract((self._params, self._rest))
+        _delete(self._params, keep)
+        self._params, self._rest = abstract
+        self.released = True
+
+    def _check_live(self, what: str) -> None:
+        if self.released:
+            raise RuntimeError(f"{what}: this trainer was released (release() / "
+                               "export_model(release=True)); give it weights with "
+                               "load_weights(model) first")
 
     def _working_copy(self, model: Transformer) -> Transformer:
+        """`model`'s state (not copied) under a graphdef that computes in the compute dtype."""
         graphdef, state = nnx.split(model)
-        state = _copy(state)
         dtype = self.config.compute_dtype
         if dtype is not None and dtype != model.config.dtype:
             cfg = dataclasses.replace(model.config, dtype=dtype)
@@ -156,23 +272,46 @@ class TrainerBase:
         return nnx.merge(self._graphdefs.model, _copy(self._params["model"]), _copy(self._rest))
 
     def params_for_engine(self, dtype=None) -> nnx.State:
-        """Parameter state of a plain `Transformer(model_config)`: LoRA merged, fresh buffers.
+        """Parameter state of a plain `Transformer(model_config)`: LoRA merged (in float32,
+        rounded once), in the model's own dtype (the master copy may be float32).
 
-        Safe to hand to an engine: the next train step does not invalidate it. `dtype` casts
-        floating leaves (e.g. jnp.bfloat16 for serving). Merge it with the engine's graphdef:
+        Safe to hand to an engine: the next train step does not invalidate it (trained leaves
+        are fresh buffers; frozen leaves, e.g. a LoRA base, are shared with the trainer, which
+        never donates them). `dtype` casts floating leaves instead (e.g. jnp.float32 to read
+        the master weights unrounded). Merge it with the engine's graphdef:
         `nnx.merge(nnx.split(engine_model)[0], state)` or `nnx.update(engine_model, state)`.
         """
-        full = nnx.merge_state(self._params["model"], self._rest) if self._rest else \
-            self._params["model"]
-        state = merge_lora(full) if self.config.lora is not None else _copy(full)
-        if dtype is not None:
-            state = jax.tree.map(
-                lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
-        return state
+        self._check_live("params_for_engine")
+        return self._engine_state(dtype)
 
-    def export_model(self) -> Transformer:
-        """A plain `Transformer` (LoRA merged, original compute dtype) for export or eval."""
-        return nnx.merge(self._plain_graphdef, self.params_for_engine())
+    def _engine_state(self, dtype=None, *, take: bool = False) -> nnx.State:
+        if self.config.lora is not None:
+            return merge_lora(nnx.merge_state(self._params["model"], self._rest), dtype)
+        leaves, treedef = jax.tree.flatten(self._params["model"])
+        params = jax.tree.unflatten(treedef, [
+            _fresh(x, d if dtype is None else dtype, take=take)
+            for x, d in zip(leaves, self._export_dtypes)])
+        if not jax.tree.leaves(self._rest):
+            return params
+        rest = self._rest if dtype is None else jax.tree.map(
+            lambda x: x.astype(dtype) if _is_float(x) else x, self._rest)
+        return nnx.merge_state(params, rest)
+
+    def export_model(self, *, release: bool = False) -> Transformer:
+        """A plain `Transformer` (LoRA merged, the model's own dtype) for export or eval.
+
+        Args:
+          release: also `release()` this trainer, freeing its optimizer state before the
+            export is made and handing over the master weights that need no cast instead of
+            copying them (the CLI's SFT trainer ends this way).
+        """
+        self._check_live("export_model")
+        if not release:
+            return nnx.merge(self._plain_graphdef, self._engine_state())
+        self._release_optimizer()
+        state = self._engine_state(take=True)
+        self._release_params(keep=frozenset(id(x) for x in jax.tree.leaves(state)))
+        return nnx.merge(self._plain_graphdef, state)
 
     def export_pretrained(self, path, **kwargs) -> None:
         """Writes the current policy (LoRA merged) as a Hugging Face safetensors checkpoint.
@@ -254,6 +393,8 @@ class TrainerBase:
             kernel.lower(*args, **kwargs).compile()
             return None
 
+        if not compile_only:
+            self._check_live("step")
         metrics = []
         for batch in batches:
             self._compiles.record("accumulate_grads", rl, batch)
@@ -324,6 +465,7 @@ class TrainerBase:
         `run`: a JSON-able record of the caller's position, stored as meta.json's "run".
         """
         from agentax.train._checkpoint import save_trainer_checkpoint
+        self._check_live("save_checkpoint")
         return save_trainer_checkpoint(self, directory, self.step_count if step is None else step,
                                        run=run)
 
@@ -335,4 +477,5 @@ class TrainerBase:
           ValueError: the checkpoint is from a different model / LoRA setup / trainer kind.
         """
         from agentax.train._checkpoint import restore_trainer_checkpoint
+        self._check_live("restore_checkpoint")
         return restore_trainer_checkpoint(self, directory, step)

@@ -69,11 +69,17 @@ def apply_lora(model: nnx.Module, config: LoRAConfig, *, rngs: nnx.Rngs) -> nnx.
     return model
 
 
-def merge_lora(state: nnx.State) -> nnx.State:
+def merge_lora(state: nnx.State, dtype=None) -> nnx.State:
     """Full parameter state with each adapter folded in: kernel += lora_a @ lora_b.
+
+    The sum is formed in float32 and rounded once, to `dtype`: a bfloat16 base plus a delta
+    below half its ulp keeps the delta when the caller asks for float32, instead of losing it
+    to a bfloat16 round trip.
 
     Args:
       state: the parameter state of a LoRA-adapted model (`nnx.state(model, nnx.Param)`).
+      dtype: dtype of every floating leaf of the result; None = each kernel's own dtype
+        (leaves without an adapter are then passed through, not copied).
     Returns:
       An `nnx.State` with the tree of the plain model (no `lora` entries).
     """
@@ -82,11 +88,15 @@ def merge_lora(state: nnx.State) -> nnx.State:
     for path, var in flat.items():
         if "lora" in path:
             continue
+        w = var[...]
+        out_dtype = w.dtype if dtype is None or not jnp.issubdtype(w.dtype, jnp.floating) \
+            else jnp.dtype(dtype)
         lora_a = flat.get(path[:-1] + ("lora", "lora_a"))
         if path[-1] == "kernel" and lora_a is not None:
             lora_b = flat[path[:-1] + ("lora", "lora_b")]
-            w = var[...]
             delta = jnp.asarray(lora_a[...], jnp.float32) @ jnp.asarray(lora_b[...], jnp.float32)
-            var = var.replace(value=(w.astype(jnp.float32) + delta).astype(w.dtype))
+            var = var.replace(value=(w.astype(jnp.float32) + delta).astype(out_dtype))
+        elif w.dtype != out_dtype:
+            var = var.replace(value=w.astype(out_dtype))
         merged[path] = var
     return nnx.from_flat_state(list(merged.items()))

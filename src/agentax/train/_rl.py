@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from agentax.models import Transformer
 from agentax.records import Group
-from agentax.train._base import TrainerBase, _copy
+from agentax.train._base import TrainerBase, _abstract, _copy, _delete, _fresh
 from agentax.train._batch import HostSequence, MicroBatch
 from agentax.train._config import TrainerConfig
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
@@ -122,12 +122,26 @@ class RLTrainer(TrainerBase):
                                                    advantage="grpo")
                 TrainerBase.__init__(other, ref_model, other.config, mesh=mesh,
                                      partition_rules=partition_rules)
-                self._ref = (other._graphdefs.model, {"model": other._params["model"]},
-                             other._rest)
+                other._snapshot_reference()  # frozen: in the model's own dtype
+                self._ref = other._ref
         self._knobs = tuple(sorted(dict(config.advantage_kwargs).items()))
 
     def _snapshot_reference(self) -> None:
-        self._ref = (self._graphdefs.model, {"model": _copy(self._params["model"])}, self._rest)
+        if self.config.lora is None:  # frozen: the model's own dtype (the forward casts anyway)
+            leaves, treedef = jax.tree.flatten(self._params["model"])
+            params = jax.tree.unflatten(treedef, [_fresh(x, d) for x, d in
+                                                  zip(leaves, self._export_dtypes)])
+        else:  # the adapters at the start (B = 0: the base model)
+            params = _copy(self._params["model"])
+        self._ref = (self._graphdefs.model, {"model": params}, self._rest)
+
+    def _release_params(self, keep=frozenset()) -> None:
+        super()._release_params(keep)
+        if self._ref_is_snapshot and self._ref is not None:  # rebuilt by load_weights
+            graphdef, params, _ = self._ref
+            abstract = _abstract(params)
+            _delete(params, keep)
+            self._ref = (graphdef, abstract, self._rest)
 
     def load_weights(self, model: Transformer) -> None:
         super().load_weights(model)
@@ -139,11 +153,13 @@ class RLTrainer(TrainerBase):
         groups: the shapes follow their sizes and lengths; their tokens and rewards only feed
         the scoring and advantage kernels, which run once. A trainer built and precompiled
         before its data arrives, or before its weights exist (`load_weights`), then starts
-        without compiling (the CLI compiles its RL trainer's kernels while SFT trains)."""
+        without compiling (the CLI compiles its RL trainer's kernels while SFT trains). A
+        released trainer (`release()`) compiles the scoring kernels without running them."""
         _, seqs, rewards, group_ids, finite, _ = self._sequences(groups)
         mbs = self._micro_batches(seqs, with_rl=True)
         batches = self._score_and_advantages(mbs, [self._put(mb.batch) for mb in mbs], rewards,
-                                             group_ids, finite, len(seqs))
+                                             group_ids, finite, len(seqs),
+                                             compile_only=self.released)
         self._run_update(batches, self._put_counts(self._counts(mbs)), self.config,
                          compile_only=True)
 
@@ -204,6 +220,7 @@ class RLTrainer(TrainerBase):
           TypeError: an item is not a `Group`.
         """
         t0 = time.perf_counter()
+        self._check_live("RLTrainer.step")
         c = self.config
         groups, seqs, rewards, group_ids, finite, truncated = self._sequences(groups)
         self.data_position += len(groups)
@@ -257,22 +274,31 @@ class RLTrainer(TrainerBase):
             num_micro_batches=len(mbs), num_compiles=self.num_compiles,
             step_time_s=time.perf_counter() - t0, extra=extra, **base)
 
-    def _score_and_advantages(self, mbs, batches, rewards, group_ids, finite, n_seqs):
+    def _score(self, graphdefs: GraphDefs, params, rest, batch, compile_only: bool):
+        """score_tokens(...); with `compile_only`, compiles it and returns zeros of its shapes
+        (the state may be abstract: a released trainer precompiling)."""
+        if not compile_only:
+            return score_tokens(graphdefs, params, rest, batch, opts=self._opts)
+        score_tokens.lower(graphdefs, params, rest, batch, opts=self._opts).compile()
+        zeros = self._put(np.zeros(batch.input_ids.shape, np.float32))
+        return zeros, (zeros if graphdefs.value is not None and "value" in params else None)
+
+    def _score_and_advantages(self, mbs, batches, rewards, group_ids, finite, n_seqs, *,
+                              compile_only: bool = False):
         c = self.config
         prox, values, ref = [None] * len(mbs), [None] * len(mbs), [None] * len(mbs)
         if c.needs_proximal_pass or c.uses_value_head:
             for i, b in enumerate(batches):
                 self._compiles.record("score_tokens", "policy", b)
-                lp, v = score_tokens(self._graphdefs, self._params, self._rest, b,
-                                     opts=self._opts)
+                lp, v = self._score(self._graphdefs, self._params, self._rest, b, compile_only)
                 prox[i] = lp if c.needs_proximal_pass else None
                 values[i] = v
         if self._ref is not None:
             ref_gd, ref_params, ref_rest = self._ref
             for i, b in enumerate(batches):
                 self._compiles.record("score_tokens", "reference", b)
-                ref[i], _ = score_tokens(GraphDefs(model=ref_gd), ref_params, ref_rest, b,
-                                         opts=self._opts)
+                ref[i], _ = self._score(GraphDefs(model=ref_gd), ref_params, ref_rest, b,
+                                        compile_only)
         # Advantages on a one-sequence-per-row layout [N, T], padded to buckets.
         n = _pow2(n_seqs)
         t = max(mb.batch.input_ids.shape[1] for mb in mbs)

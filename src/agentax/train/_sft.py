@@ -107,6 +107,7 @@ class SFTTrainer(TrainerBase):
         Raises:
           ValueError: no examples, or no example has a masked token after the first.
         """
+        self._check_live("SFTTrainer.step")
         examples = list(examples)
         if not examples:
             raise ValueError("SFTTrainer.step got no examples")

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["DEFAULT_PARTITION_RULES", "make_mesh", "partition_spec_for", "shard_params",
-           "batch_sharding", "data_parallel_size", "param_shardings"]
+           "batch_sharding", "data_parallel_size", "param_shardings", "param_sharding_fn"]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -92,6 +92,16 @@ def param_shardings(tree, mesh: Mesh, rules: Sequence[tuple[str, P]] = DEFAULT_P
     def one(path, x):
         return NamedSharding(mesh, partition_spec_for(_path_str(path), tuple(x.shape), mesh, rules))
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def param_sharding_fn(mesh: Mesh, rules: Sequence[tuple[str, P]] = DEFAULT_PARTITION_RULES):
+    """`fn(path, shape) -> NamedSharding`: where `rules` put one parameter on `mesh`.
+
+    `agentax.models.load_pretrained(path, shardings=fn)` then loads straight into the mesh.
+    """
+    def fn(path: str, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(mesh, partition_spec_for(path, tuple(shape), mesh, rules))
+    return fn
 
 
 def shard_params(tree, mesh: Mesh, rules: Sequence[tuple[str, P]] = DEFAULT_PARTITION_RULES):

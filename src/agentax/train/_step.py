@@ -59,12 +59,20 @@ class StepOptions(NamedTuple):
     attention: str = "auto"
     attention_block: int = 512
     logits_chunk: int = 1024
+    activation_sharding: Any = None
+    """Sharding of the [B, T, D] activations under a mesh (rows over data and fsdp): pinned
+    at each layer, so XLA gathers each layer's fsdp-sharded weights instead of resharding
+    the activations over their feature dimension and replicating the rows."""
 
     @classmethod
-    def from_config(cls, config: TrainerConfig) -> "StepOptions":
+    def from_config(cls, config: TrainerConfig, mesh=None) -> "StepOptions":
+        rows = None
+        if mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec
+            rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
         return cls(remat=config.remat, scan_layers=config.scan_layers,
                    attention=config.attention, attention_block=config.attention_block,
-                   logits_chunk=config.logits_chunk)
+                   logits_chunk=config.logits_chunk, activation_sharding=rows)
 
 
 class CompileCounter:
@@ -112,15 +120,13 @@ def _forward(graphdefs: GraphDefs, params, rest, batch: Batch, opts: StepOptions
     model = nnx.merge(graphdefs.model, params["model"], rest)
     hidden = model.hidden(batch.input_ids, batch.positions, batch.segment_ids,
                           remat=opts.remat, scan=opts.scan_layers, attention=opts.attention,
-                          attention_block=opts.attention_block)  # [B, T, D]
+                          attention_block=opts.attention_block,
+                          activation_sharding=opts.activation_sharding)  # [B, T, D]
     flags = dict(entropy=entropy, entropy_grad=entropy_grad, correct=correct)
     if opts.logits_chunk > 0:
-        b, t, d = hidden.shape
-        stats = algos.chunked_token_stats(
-            hidden.reshape(b * t, d), batch.target_ids.reshape(b * t),
-            batch.loss_mask.reshape(b * t), model.head(hidden.dtype), chunk=opts.logits_chunk,
-            **flags)
-        stats = {k: v.reshape(b, t) for k, v in stats.items()}
+        stats = algos.chunked_token_stats(hidden, batch.target_ids, batch.loss_mask,
+                                          model.head(hidden.dtype), chunk=opts.logits_chunk,
+                                          **flags)
     else:
         stats = algos.full_token_stats(hidden, batch.target_ids, batch.loss_mask,
                                        model.logits, **flags)
