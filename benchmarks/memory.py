@@ -23,12 +23,14 @@ Figures (JSON keys):
   compute, the CPU has no fast bf16): the process's peak RSS growth from before the trainer
   is built to the end of the step, over the analysis' peak for the same step. Goal <= 1.3.
   Run in a child process (compiles are done first and their memory returned to the OS).
-* also: Llama-3.1-8B (fsdp8) and Gemma-3-4B (1 device) peaks at 32k, the 0.6B peak at 8k,
+* recipe_<name> (full run) — each shipped real-checkpoint recipe's budget with trainer and
+  engine on one device: the update at its micro-batch, the engine's weights and KV cache.
+* also: Llama-3.1-8B and Gemma-3-4B (fsdp8, 8 x 32k) peaks, the 0.6B peak at 8k,
   and, in the full run, "today's code path" before this work (`_before` keys: no remat,
   layers unrolled, dense [T, T] attention, full [B, T, V] logits, bf16 master state) at
   2k and 8k tokens beside the same shapes now.
 
-`python benchmarks/memory.py --quick` (the 0.6B figures only, rss at 1 x 2,048 tokens;
+`python benchmarks/memory.py --quick` (the 0.6B figures only, rss at 1 x 1,024 tokens;
 < 60 s) or the full run (writes benchmarks/results/memory.json). The last line printed is
 one JSON object.
 """
@@ -108,6 +110,40 @@ def measure(hf: dict, seq_len: int, *, rows: int = 1, fsdp: int = 0, **knobs):
     mesh = make_mesh(fsdp=fsdp) if fsdp else None
     return update_memory(config_from_hf(hf), trainer_config(seq_len, rows, **knobs),
                          rows=rows, seq_len=seq_len, mesh=mesh)
+
+
+REAL_RECIPES = {"math_tool_qwen3_0_6b": "qwen3-0.6b", "gsm8k_qwen2_5_0_5b": "qwen2.5-0.5b",
+                "gsm8k_llama3_2_1b": "llama3.2-1b"}
+"""The shipped real-checkpoint recipes and the preset of the checkpoint each names."""
+
+
+def recipe_budget(name: str, preset: str) -> dict:
+    """The device memory a real-checkpoint recipe needs with trainer and engine on one device:
+    the update at its trainer's longest micro-batch (this analysis), the engine's weights in
+    the model's dtype and its KV cache (`kv_cache_bytes`)."""
+    from agentax.cli._config import load_config
+    from agentax.models import ModelConfig, kv_cache_bytes
+    from agentax.recipes import recipe_path
+    from agentax.train._memory import update_memory
+    cfg = load_config(recipe_path(name))
+    model = ModelConfig.preset(preset)
+    t = cfg.trainer
+    update = update_memory(model, t, rows=t.micro_batch_size, seq_len=t.max_seq_len)
+    e = cfg.engine
+    kv = kv_cache_bytes(model, e.max_slots, e.max_seq_len)
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from agentax.models import Transformer
+    shapes = nnx.state(nnx.eval_shape(lambda: Transformer(model)))
+    weights = sum(int(x.size) * jnp.dtype(model.dtype).itemsize
+                  for x in __import__("jax").tree.leaves(shapes))
+    return {"trainer_peak_gb": round(update.peak_bytes / GB, 2),
+            "trainer_state_gb": round(update.state_bytes / GB, 2),
+            "engine_weights_gb": round(weights / GB, 2), "kv_cache_gb": round(kv / GB, 2),
+            "total_gb": round((update.peak_bytes + weights + kv) / GB, 2),
+            "micro_batch": f"{t.micro_batch_size} x {t.max_seq_len}",
+            "kv_cache": f"{e.max_slots} slots x {e.max_seq_len}"}
 
 
 def _rss_bytes() -> tuple[int, int]:
@@ -191,12 +227,15 @@ def main() -> None:
                      measure(QWEN3_8B, 32768, rows=8, fsdp=8))
         out["train_compile_s_qwen3_8b"] = round(big.compile_s, 1)
         record("train_peak_gb_llama3_1_8b_t32k_fsdp8", measure(LLAMA3_1_8B, 32768, rows=8, fsdp=8))
-        record("train_peak_gb_gemma3_4b_t32k", measure(GEMMA3_4B, 32768))
+        record("train_peak_gb_gemma3_4b_t32k_fsdp8", measure(GEMMA3_4B, 32768, rows=8, fsdp=8))
+        for recipe, preset in REAL_RECIPES.items():
+            out[f"recipe_{recipe}"] = recipe_budget(recipe, preset)
+            print(f"recipe {recipe}: {out[f'recipe_{recipe}']}", flush=True)
         for t, name in ((2048, "t2k"), (8192, "t8k")):
             if t != 8192:
                 record(f"train_peak_gb_qwen3_0_6b_{name}", measure(QWEN3_0_6B, t))
             record(f"train_peak_gb_qwen3_0_6b_{name}_before", measure(QWEN3_0_6B, t, **BEFORE))
-    rss_len = 2048 if args.quick else 4096
+    rss_len = 1024 if args.quick else 4096
     child = subprocess.run([sys.executable, __file__, "--rss-child", str(rss_len)],
                            capture_output=True, text=True, check=False)
     if child.returncode != 0:

@@ -98,7 +98,7 @@ def _temp_bytes(n: int, chunk: int, *, d: int = 1024, v: int = 151_936) -> int:
     """Compiled temp memory of value_and_grad (head weights and hidden) of the token stats."""
     def f(w_vd, hidden_nd, targets_n, mask_n):
         def head(h):
-            return jnp.einsum("nd,vd->nv", h, w_vd.astype(h.dtype),
+            return jnp.einsum("...d,vd->...v", h, w_vd.astype(h.dtype),
                               preferred_element_type=jnp.float32)
         kw = dict(entropy=True, entropy_grad=False)
         if chunk:

@@ -98,8 +98,11 @@ def chunked_token_stats(hidden_nd: jax.Array, targets_n: jax.Array, mask_n: jax.
     flags = dict(entropy=entropy, entropy_grad=entropy_grad, correct=correct)
 
     def compute(h_bcd, tgt_bc):
-        logits = jnp.asarray(head_fn(h_bcd), jnp.float32)  # [B, C, V]
-        return _chunk_stats(logits, tgt_bc, **flags)
+        # [B * C, V]: the 2-D gather of the target logit keeps the backward pass to the
+        # chunk's own buffers (a [B, C, V] one kept another [C, V] float32 buffer on CPU).
+        logits = jnp.asarray(head_fn(h_bcd.reshape(b * c, d)), jnp.float32)
+        stats = _chunk_stats(logits, tgt_bc.reshape(b * c), **flags)
+        return {k: v.reshape(b, c) for k, v in stats.items()}
 
     zeros = jax.eval_shape(compute, jax.ShapeDtypeStruct((b, c, d), hidden_nd.dtype),
                            jax.ShapeDtypeStruct((b, c), jnp.int32))
