@@ -139,9 +139,15 @@ def _leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+def _chunks_of(trainer, positions: int):
+    """Chunks of exactly `positions` (the byte vocabulary would make one chunk of a batch)."""
+    trainer._opts = trainer._opts._replace(logits_chunk=positions)
+    return trainer
+
+
 def _assert_same_rl_steps(cfg: TrainerConfig, num_steps: int = 2):
     full = RLTrainer(make_model(0), dataclasses.replace(cfg, logits_chunk=0))
-    chunked = RLTrainer(make_model(0), dataclasses.replace(cfg, logits_chunk=16))
+    chunked = _chunks_of(RLTrainer(make_model(0), cfg), 16)
     for i in range(num_steps):
         groups = make_groups(seed=20 + i)
         a, b = full.step(groups), chunked.step(groups)
@@ -199,7 +205,7 @@ def test_sft_step_with_chunks_equals_full_logits():
     cfg = TrainerConfig(learning_rate=1e-2, micro_batch_size=8, min_seq_bucket=32,
                         max_seq_len=128, pack=True, pack_length=128)
     full = SFTTrainer(make_model(0), dataclasses.replace(cfg, logits_chunk=0))
-    chunked = SFTTrainer(make_model(0), dataclasses.replace(cfg, logits_chunk=16))
+    chunked = _chunks_of(SFTTrainer(make_model(0), cfg), 16)
     for _ in range(3):
         a, b = full.step(examples).to_dict(), chunked.step(examples).to_dict()
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
@@ -208,3 +214,11 @@ def test_sft_step_with_chunks_equals_full_logits():
     assert a["accuracy"] > 0
     for x, y in zip(_leaves(full._params), _leaves(chunked._params)):
         np.testing.assert_allclose(x, y, atol=1e-4)
+
+
+def test_a_chunk_holds_more_positions_of_a_small_vocabulary():
+    cfg = TrainerConfig()
+    assert StepOptions.from_config(cfg, vocab_size=151_936).logits_chunk == 1024
+    assert StepOptions.from_config(cfg, vocab_size=256).logits_chunk == 1024 * 512
+    assert StepOptions.from_config(dataclasses.replace(cfg, logits_chunk=0),
+                                   vocab_size=256).logits_chunk == 0

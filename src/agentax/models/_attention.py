@@ -106,7 +106,9 @@ def train_attention(
     impl = resolve_attention_impl(impl, softcap=softcap, segmented=segment_ids_bt is not None,
                                   traced_window=not static_window, dtype=q_btnh.dtype)
     window = window if has_window else None
-    if impl == "dense":
+    # A sequence of at most one block is one block of the blocked attention: run it densely
+    # (the same [T, T] <= [block, block] working set, none of the loops' overhead).
+    if impl == "dense" or (impl == "blocked" and t <= block):
         mask = _dense_mask(t, segment_ids_bt, window)
         return dense_attention(q_btnh, k_btkh, v_btkh, mask, scale=scale, softcap=softcap)
     if impl == "cudnn":

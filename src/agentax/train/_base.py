@@ -136,7 +136,7 @@ class TrainerBase:
         self._plain_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(model.config)))[0]
         self._params = tree
         self._tx = make_optimizer(config)
-        self._opts = StepOptions.from_config(config, mesh)
+        self._opts = StepOptions.from_config(config, mesh, model.config.vocab_size)
         # Explicit (committed) shardings everywhere: jit specialises on committed-ness. The
         # optimizer state's paths end in the parameter paths, so the same rules place it.
         self._opt_state, self._acc = self._place(init_optimizer(self._params, tx=self._tx))

@@ -99,7 +99,9 @@ class TrainerConfig:
     logits_chunk: int = 1024
     """Positions per chunk of the LM head in the loss and scoring passes: hidden -> logits ->
     log-prob of the target runs a chunk at a time, only over loss positions, recomputed in the
-    backward pass, so no [B, T, V] buffer exists. 0 = the full [B, T, V] logits (reference)."""
+    backward pass, so no [B, T, V] buffer exists; a small vocabulary takes more positions a
+    chunk (at most as many logits as this many positions of a 128k vocabulary: a byte
+    model's batch is one chunk). 0 = the full [B, T, V] logits (the reference)."""
     mesh: Mapping[str, int] | None = dataclasses.field(default=None, hash=False)
     """Device mesh of the trainer for `agentax train`: axis sizes {'data': d, 'fsdp': f,
     'tensor': t} (missing axes = 1; their product must not exceed the devices); None = one

@@ -158,7 +158,7 @@ def update_memory(model_config: ModelConfig, config: TrainerConfig, *, rows: int
     t0 = time.perf_counter()
     grad = accumulate_grads.lower(
         GraphDefs(model=graphdef), tree, rest, batch, counts, acc, rl=config if rl else None,
-        opts=StepOptions.from_config(config, mesh), acc_shardings=acc_shardings).compile()
+        opts=StepOptions.from_config(config, mesh, model_config.vocab_size), acc_shardings=acc_shardings).compile()
     upd = apply_update.lower(tree, opt_state, acc, counts["tokens"], schedule, tx=tx,
                              state_shardings=state_shardings).compile()
     compile_s = time.perf_counter() - t0

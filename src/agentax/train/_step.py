@@ -65,14 +65,22 @@ class StepOptions(NamedTuple):
     the activations over their feature dimension and replicating the rows."""
 
     @classmethod
-    def from_config(cls, config: TrainerConfig, mesh=None) -> "StepOptions":
+    def from_config(cls, config: TrainerConfig, mesh=None,
+                    vocab_size: int | None = None) -> "StepOptions":
+        """The options of `config`, with rows pinned to `mesh`; with `vocab_size`, a chunk of
+        the LM head holds `logits_chunk` positions or more for a small vocabulary: at most as
+        many logits as logits_chunk positions of a 128k one (a byte model's whole batch is
+        one chunk, with no loop to pay for)."""
+        chunk = config.logits_chunk
+        if vocab_size:
+            chunk = max(chunk, chunk * (1 << 17) // vocab_size)
         rows = None
         if mesh is not None:
             from jax.sharding import NamedSharding, PartitionSpec
             rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, None))
         return cls(remat=config.remat, scan_layers=config.scan_layers,
                    attention=config.attention, attention_block=config.attention_block,
-                   logits_chunk=config.logits_chunk, activation_sharding=rows)
+                   logits_chunk=chunk, activation_sharding=rows)
 
 
 class CompileCounter:
