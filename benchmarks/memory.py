@@ -184,11 +184,14 @@ def rss_child(seq_len: int) -> dict:
                       status=TrajectoryStatus.OK, sample_index=0)
     group = Group(group_id="g", task_id="t", trajectories=(traj,))
     model = Transformer(cfg)
-    # Compile first (the memory of compiling is not the step's), on a throwaway trainer.
-    RLTrainer(model, tc).precompile([group])
+    # Compile first (the memory of compiling is not the step's), then free the trainer's
+    # state: the measured growth is its state coming back (load_weights) and the step.
+    trainer = RLTrainer(model, tc)
+    trainer.precompile([group])
+    trainer.release()
     _trim_and_reset_peak()
     before, _ = _rss_bytes()
-    trainer = RLTrainer(model, tc)
+    trainer.load_weights(model)
     t0 = time.perf_counter()
     metrics = trainer.step([group])
     step_s = time.perf_counter() - t0
@@ -197,7 +200,7 @@ def rss_child(seq_len: int) -> dict:
             "predicted_state_gb": predicted.state_bytes / GB,
             "rss_over_predicted": (peak - before) / predicted.peak_bytes,
             "trained_tokens": int(metrics.num_tokens), "step_s": step_s,
-            "compiles_in_step": trainer.num_compiles}
+            "kernels": trainer.num_compiles}
 
 
 def main() -> None:
@@ -210,6 +213,10 @@ def main() -> None:
         return
     t_start = time.perf_counter()
     out: dict = {"quick": args.quick}
+    # The real step runs in a child process beside the analyses (its RSS is its own).
+    rss_len = 1024 if args.quick else 4096
+    child = subprocess.Popen([sys.executable, __file__, "--rss-child", str(rss_len)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def record(key, mem):
         out[key] = round(mem.peak_bytes / GB, 3)
@@ -235,12 +242,10 @@ def main() -> None:
             if t != 8192:
                 record(f"train_peak_gb_qwen3_0_6b_{name}", measure(QWEN3_0_6B, t))
             record(f"train_peak_gb_qwen3_0_6b_{name}_before", measure(QWEN3_0_6B, t, **BEFORE))
-    rss_len = 1024 if args.quick else 4096
-    child = subprocess.run([sys.executable, __file__, "--rss-child", str(rss_len)],
-                           capture_output=True, text=True, check=False)
+    stdout, stderr = child.communicate()
     if child.returncode != 0:
-        raise SystemExit(f"the RSS child failed:\n{child.stderr[-4000:]}")
-    rss = json.loads(child.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"the RSS child failed:\n{stderr[-4000:]}")
+    rss = json.loads(stdout.strip().splitlines()[-1])
     out["rss_over_predicted"] = round(rss.pop("rss_over_predicted"), 3)
     out["rss_detail"] = {"tokens": rss_len, **{k: round(v, 3) if isinstance(v, float) else v
                                                for k, v in rss.items()}}
