@@ -106,7 +106,7 @@ BEFORE = dict(remat="none", scan_layers=False, attention="dense", logits_chunk=0
 def measure(hf: dict, seq_len: int, *, rows: int = 1, fsdp: int = 0, **knobs):
     from agentax.models import config_from_hf
     from agentax.train import make_mesh
-    from agentax.train._memory import update_memory
+    from agentax.train import update_memory
     mesh = make_mesh(fsdp=fsdp) if fsdp else None
     return update_memory(config_from_hf(hf), trainer_config(seq_len, rows, **knobs),
                          rows=rows, seq_len=seq_len, mesh=mesh)
@@ -124,7 +124,7 @@ def recipe_budget(name: str, preset: str) -> dict:
     from agentax.cli._config import load_config
     from agentax.models import ModelConfig, kv_cache_bytes
     from agentax.recipes import recipe_path
-    from agentax.train._memory import update_memory
+    from agentax.train import update_memory
     cfg = load_config(recipe_path(name))
     model = ModelConfig.preset(preset)
     t = cfg.trainer
@@ -167,7 +167,7 @@ def rss_child(seq_len: int) -> dict:
     from agentax.models import Transformer, config_from_hf
     from agentax.records import Group, Trajectory, TrajectoryStatus
     from agentax.train import RLTrainer
-    from agentax.train._memory import update_memory
+    from agentax.train import update_memory
 
     cfg = dataclasses.replace(config_from_hf(QWEN3_0_6B), num_layers=2, dtype="float32",
                               param_dtype="float32")

@@ -11,6 +11,7 @@ from agentax.train._checkpoint import (
     read_checkpoint_meta,
 )
 from agentax.train._config import LoRAConfig, TrainerConfig
+from agentax.train._memory import UpdateMemory, update_memory
 from agentax.train._rl import RLTrainer, TrainMetrics
 from agentax.train._sft import SFTMetrics, SFTTrainer, sft_examples
 from agentax.train._sharding import DEFAULT_PARTITION_RULES, make_mesh, param_sharding_fn
@@ -26,10 +27,12 @@ __all__ = [
     "SFTTrainer",
     "TrainMetrics",
     "TrainerConfig",
+    "UpdateMemory",
     "checkpoint_steps",
     "latest_checkpoint_step",
     "make_mesh",
     "param_sharding_fn",
     "read_checkpoint_meta",
     "sft_examples",
+    "update_memory",
 ]
