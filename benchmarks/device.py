@@ -14,8 +14,13 @@ Model: Qwen3-0.6B-shaped (`ModelConfig.qwen3_0_6b()`), random weights, bfloat16.
 * prefill_mfu — the engine's prefill kernel (`prefill_chunk`) over 16 fresh rows of 1024
   tokens: model FLOPs (2 x non-embedding params x tokens + LM head on the sampled rows +
   causal attention) per second over the device's dense bf16 peak.
-* train_step_mfu — one jitted AdamW step (optax) of next-token cross-entropy through the
-  model's full-sequence forward, 8 x 1024 tokens: 3 x the forward FLOPs per second over peak.
+* train_step_mfu_{R}x{T} — the library's own RL step (`RLTrainer.step`: float32 master
+  weights and moments, bf16 compute, remat, the training attention, chunked LM head) on R
+  episodes of T tokens, half of them trained: 3 x the forward FLOPs (LM head on the trained
+  positions) per second over peak; with `train_predicted_peak_bytes_*` (`update_memory`, the
+  analysis of benchmarks/memory.py) beside the device's peak memory
+  (`train_peak_device_memory_bytes_*`, cumulative: it includes the engine benchmarks before).
+  (R, T) in (8 x 1,024, 1 x 32,768).
 * engine_compiles (kernel compilations of the run), peak_device_memory_bytes.
 
 On CPU it prints why it skips and exits 0 (the last line is still JSON). `--cpu-smoke` runs
@@ -34,7 +39,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from agentax.engine import EngineConfig
@@ -175,35 +179,44 @@ def bench_prefill(model, rows: int, tokens: int, reps: int, peak: float | None,
 
 def bench_train(model, rows: int, tokens: int, reps: int, peak: float | None,
                 body_params: int) -> dict:
+    """The library's own RL step (`RLTrainer.step`: float32 master weights and Adam moments,
+    bf16 compute, remat, blocked/cuDNN attention, chunked LM head) on `rows` episodes of
+    `tokens` positions whose second half of each quarter is trained (model turns between
+    observations), against `update_memory`'s prediction of its peak."""
+    from agentax.records import Group, Trajectory, TrajectoryStatus
+    from agentax.train import RLTrainer, TrainerConfig, update_memory
+
     cfg = model.config
-    graphdef, params = nnx.split(model, nnx.Param)
-    opt = optax.adamw(1e-5)
-    opt_state = opt.init(params)
-
-    @jax.jit
-    def step(params, opt_state, ids):
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(ids[:, :-1])  # [B, T, V] float32
-            logp = jax.nn.log_softmax(logits, axis=-1)
-            return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    ids = jax.random.randint(jax.random.key(0), (rows, tokens + 1), 0, cfg.vocab_size)
-    params, opt_state, loss = step(params, opt_state, ids)
-    float(loss)
+    config = TrainerConfig(micro_batch_size=rows, max_seq_len=tokens,
+                           min_seq_bucket=min(64, tokens), compute_dtype="bfloat16",
+                           advantage="reinforce_pp", learning_rate=1e-6)
+    rng = np.random.default_rng(0)
+    n = tokens + 1
+    mask = np.zeros(n, np.int8)
+    for start in range(n // 8, n, n // 4):
+        mask[start:start + n // 8] = 1
+    trajs = tuple(Trajectory(
+        task_id="t", token_ids=rng.integers(0, cfg.vocab_size, n).astype(np.int32),
+        loss_mask=mask, logprobs=np.where(mask > 0, -3.0, 0.0).astype(np.float32),
+        versions=np.where(mask > 0, 0, -1).astype(np.int32), reward=float(i % 2),
+        status=TrajectoryStatus.OK, sample_index=i) for i in range(rows))
+    group = [Group(group_id="g", task_id="t", trajectories=trajs)]
+    predicted = update_memory(cfg, config, rows=rows, seq_len=tokens)
+    trainer = RLTrainer(model, config)
+    m = trainer.step(group)  # compiles
     t = time.perf_counter()
     for _ in range(reps):
-        params, opt_state, loss = step(params, opt_state, ids)
-    float(loss)
+        m = trainer.step(group)
     dt = (time.perf_counter() - t) / reps
-    flops = 3.0 * forward_flops(cfg, body_params, rows, tokens, logits_rows=rows * tokens)
-    out = {"train_tokens_per_s": rows * tokens / dt, "train_tflops": flops / dt / 1e12,
-           "train_loss_finite": bool(np.isfinite(float(loss)))}
+    trained = int(mask[1:].sum()) * rows
+    flops = 3.0 * forward_flops(cfg, body_params, rows, tokens, logits_rows=trained)
+    key = f"{rows}x{tokens}"
+    out = {f"train_tokens_per_s_{key}": rows * tokens / dt,
+           f"train_tflops_{key}": flops / dt / 1e12,
+           f"train_predicted_peak_bytes_{key}": predicted.peak_bytes,
+           f"train_loss_finite_{key}": bool(np.isfinite(m.loss))}
     if peak:
-        out["train_step_mfu"] = flops / dt / peak
+        out[f"train_step_mfu_{key}"] = flops / dt / peak
     return out
 
 
@@ -228,12 +241,12 @@ def main(argv=None) -> dict:
     if args.cpu_smoke:  # the script's logic on tiny shapes; figures mean nothing
         cfg = ModelConfig.tiny(dtype="bfloat16", param_dtype="bfloat16")
         shapes = dict(batches=(4, 8), contexts=(128, 512), calls=2, prefill=(2, 64),
-                      train=(2, 64), reps=1)
+                      train=((2, 64),), reps=1)
         hbm, peak = hbm or 1e11, peak or 1e12
     else:
         cfg = ModelConfig.qwen3_0_6b()
         shapes = dict(batches=(64, 256), contexts=(1024, 8192), calls=8, prefill=(16, 1024),
-                      train=(8, 1024), reps=5)
+                      train=((8, 1024), (1, 32768)), reps=3)
         hbm, peak, matched = device_peaks(device, hbm, peak)
         if matched is None:
             print(f"unknown device kind '{device.device_kind}': pass --hbm-gbps and "
@@ -253,7 +266,10 @@ def main(argv=None) -> dict:
             out.update(bench_decode(model, batch, ctx, shapes["calls"], hbm, weight_bytes, free))
             print(json.dumps({k: v for k, v in out.items() if f"b{batch}_" in k}), flush=True)
     out.update(bench_prefill(model, *shapes["prefill"], shapes["reps"], peak, body))
-    out.update(bench_train(model, *shapes["train"], shapes["reps"], peak, body))
+    for rows, tokens in shapes["train"]:
+        out.update(bench_train(model, rows, tokens, shapes["reps"], peak, body))
+        out[f"train_peak_device_memory_bytes_{rows}x{tokens}"] = (
+            device.memory_stats() or {}).get("peak_bytes_in_use")
     out["engine_compiles"] = compiled_count() - compiles0
     out["peak_device_memory_bytes"] = (device.memory_stats() or {}).get("peak_bytes_in_use")
     out["wall_s"] = time.perf_counter() - t0

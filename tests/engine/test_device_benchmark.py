@@ -33,8 +33,8 @@ def test_device_benchmark_logic_on_tiny_shapes():
     assert out.returncode == 0, out.stderr[-2000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("decode_tokens_per_s_b4_ctx128", "decode_roofline_frac_b8_ctx512",
-                "prefill_mfu", "train_step_mfu"):
+                "prefill_mfu", "train_step_mfu_2x64", "train_predicted_peak_bytes_2x64"):
         assert figures[key] > 0, key
-    assert figures["train_loss_finite"] is True
+    assert figures["train_loss_finite_2x64"] is True
     # Engine kernels only: decode once per (batch, span) of 2 batches x 2 contexts, prefill once.
     assert figures["engine_compiles"] == 4 + 1
