@@ -169,6 +169,7 @@ def test_rl_step_with_chunks_equals_full_logits():
     assert a.entropy > 0
 
 
+@pytest.mark.slow  # ~25 s of compiles; the default suite keeps the plain RL and SFT equalities
 def test_rl_scoring_passes_with_chunks_equal_full_logits():
     # Proximal logprobs and values (ppo_epochs=2), reference logprobs for the KL loss, and
     # an entropy bonus with gradient.

@@ -350,6 +350,13 @@ class Block(nnx.Module):
         return self._finish(x_b1d, a), k_new, v_new
 
 
+DENSE_SCORES_BYTES = 1 << 28
+"""`attention='auto'` runs the dense attention when one layer's float32 scores [B, N, T, T]
+fit in this many bytes (256 MiB; with remat one layer's are live at a time): the blocked
+kernel's loops cost more to compile than such a small problem saves (a byte-model recipe's
+SFT compiled 12 s longer with them), and real lengths are far past it (Qwen3-0.6B at 4k
+tokens: 1 GiB a row)."""
+
 _REMAT_POLICIES = {
     "full": None,  # save nothing but each layer's input
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -503,6 +510,9 @@ class Transformer(nnx.Module):
         impl = resolve_attention_impl(attention, softcap=cfg.attn_logit_softcap,
                                       segmented=seg is not None, dtype=cfg.dtype,
                                       traced_window=scan and len(windows) > 1)
+        if attention == "auto" and impl == "blocked" and \
+                b * cfg.num_heads * t * t * 4 <= DENSE_SCORES_BYTES:
+            impl = "dense"  # small enough: one layer's scores cost less than the loops' compile
         pin = ((lambda x: jax.lax.with_sharding_constraint(x, activation_sharding))
                if activation_sharding is not None else (lambda x: x))
         x = pin(self.embed_tokens(input_ids_bt))
