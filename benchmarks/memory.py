@@ -121,8 +121,12 @@ def recipe_budget(name: str, preset: str) -> dict:
     """The device memory a real-checkpoint recipe needs with trainer and engine on one device:
     the update at its trainer's longest micro-batch (this analysis), the engine's weights in
     the model's dtype and its KV cache (`kv_cache_bytes`)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
     from agentax.cli._config import load_config
-    from agentax.models import ModelConfig, kv_cache_bytes
+    from agentax.models import ModelConfig, Transformer, kv_cache_bytes
     from agentax.recipes import recipe_path
     from agentax.train import update_memory
     cfg = load_config(recipe_path(name))
@@ -131,13 +135,8 @@ def recipe_budget(name: str, preset: str) -> dict:
     update = update_memory(model, t, rows=t.micro_batch_size, seq_len=t.max_seq_len)
     e = cfg.engine
     kv = kv_cache_bytes(model, e.max_slots, e.max_seq_len)
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from agentax.models import Transformer
     shapes = nnx.state(nnx.eval_shape(lambda: Transformer(model)))
-    weights = sum(int(x.size) * jnp.dtype(model.dtype).itemsize
-                  for x in __import__("jax").tree.leaves(shapes))
+    weights = sum(int(x.size) * jnp.dtype(model.dtype).itemsize for x in jax.tree.leaves(shapes))
     return {"trainer_peak_gb": round(update.peak_bytes / GB, 2),
             "trainer_state_gb": round(update.state_bytes / GB, 2),
             "engine_weights_gb": round(weights / GB, 2), "kv_cache_gb": round(kv / GB, 2),

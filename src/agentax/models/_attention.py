@@ -209,6 +209,12 @@ def _kv_block_range(t_pad: int, block: int, segment_ids_bt=None, window=None):
     return lo_idx // block, hi
 
 
+def _kv_block(k, v, start, size: int):
+    """Keys and values [B, size, K, H] of the key block starting at `start` (traced)."""
+    return (lax.dynamic_slice_in_dim(k, start, size, 1),
+            lax.dynamic_slice_in_dim(v, start, size, 1))
+
+
 def _blocked_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, window, *, scale, softcap,
                        block):
     """Pads T to a multiple of the block and runs the flash kernel."""
@@ -278,8 +284,7 @@ def _flash_forward(static, q, k, v, seg, window, lo, hi):
         def key_block(kj, carry):
             m, l, acc = carry
             k_start = kj * bs
-            k_blk = lax.dynamic_slice_in_dim(k, k_start, bs, 1)  # [B, Bk, K, H]
-            v_blk = lax.dynamic_slice_in_dim(v, k_start, bs, 1)
+            k_blk, v_blk = _kv_block(k, v, k_start, bs)  # [B, Bk, K, H] each
             s, _ = _scores(static, q_blk, k_blk)
             s = jnp.where(_block_mask(static, q_start, k_start, seg, window), s, -jnp.inf)
             m_new = jnp.maximum(m, s.max(axis=-1))
@@ -333,8 +338,7 @@ def _flash_backward(static, residuals, dout):
         def key_block(kj, carry):
             dq, dk, dv = carry
             k_start = kj * bs
-            k_blk = lax.dynamic_slice_in_dim(k, k_start, bs, 1)  # [B, Bk, K, H]
-            v_blk = lax.dynamic_slice_in_dim(v, k_start, bs, 1)
+            k_blk, v_blk = _kv_block(k, v, k_start, bs)  # [B, Bk, K, H] each
             s, tanh = _scores(static, q_blk, k_blk)
             mask = _block_mask(static, q_start, k_start, seg, window)
             p = jnp.where(mask, jnp.exp(s - lse_blk[..., None]), 0.0)  # [B, K, G, Bq, Bk]

@@ -38,6 +38,7 @@ from agentax.models._layers import (
     rope_inv_freq,
     two_part_attention,
 )
+from agentax.models._scan import run_layers
 
 __all__ = ["Transformer", "KVCache", "init_cache", "kv_cache_bytes", "positions_from_segments"]
 
@@ -357,66 +358,6 @@ kernel's loops cost more to compile than such a small problem saves (a byte-mode
 SFT compiled 12 s longer with them), and real lengths are far past it (Qwen3-0.6B at 4k
 tokens: 1 GiB a row)."""
 
-_REMAT_POLICIES = {
-    "full": None,  # save nothing but each layer's input
-    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-def _compute_cast(path, x, dtype):
-    """A layer weight as the forward uses it: Linear kernels and biases in the compute dtype
-    (nnx.Linear casts them at use anyway; casting before stacking halves the stacked copy of
-    float32 master weights), norms and adapters as they are."""
-    name = str(getattr(path[-1], "key", path[-1]))
-    if name in ("kernel", "bias") and jnp.issubdtype(x.dtype, jnp.floating):
-        return x.astype(dtype)
-    return x
-
-
-def _run_layers(blocks, cfg: ModelConfig, x, positions_bt, seg_bt, *, remat: str, scan: bool,
-                impl: str, block: int, pin=lambda x: x):
-    """The decoder layers of the full-sequence forward, scanned or looped, under remat."""
-    if remat not in ("none", *_REMAT_POLICIES):
-        raise ValueError(f"remat must be 'none', 'full' or 'save_dots', got {remat!r}")
-
-    def checkpointed(fn):
-        if remat == "none":
-            return fn
-        return jax.checkpoint(fn, policy=_REMAT_POLICIES[remat], prevent_cse=not scan)
-
-    splits = [nnx.split(b) for b in blocks]
-    structure = {(jax.tree.structure(st), tuple((v.shape, v.dtype) for v in jax.tree.leaves(st)))
-                 for _, st in splits}
-    if not scan or len(blocks) < 2 or len(structure) != 1:
-        for gd, st in splits:
-            def one(x, st, gd=gd):
-                return pin(nnx.merge(gd, st)(pin(x), positions_bt, seg_bt, impl=impl,
-                                             block=block))
-            x = checkpointed(one)(x, st)
-        return x
-    dtype = jnp.dtype(cfg.dtype)
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
-                           *[jax.tree_util.tree_map_with_path(
-                               lambda p, v: _compute_cast(p, v, dtype), st) for _, st in splits])
-    inv_freq = jnp.stack([jnp.asarray(_inv_freq(cfg.head_dim, *cfg.layer_rope(i)))
-                          for i in range(len(blocks))])  # [L, H/2]
-    windows = [cfg.layer_window(i) or 0 for i in range(len(blocks))]
-    graphdef = splits[0][0]
-    # One window for all layers stays static (Qwen, Llama: none); Gemma's differ per layer.
-    static_window = windows[0] if len(set(windows)) == 1 else None
-
-    def body(x, layer):
-        st, inv, window = layer
-        window = static_window if static_window is not None else window
-        y = nnx.merge(graphdef, st)(pin(x), positions_bt, seg_bt, inv_freq=inv, window=window,
-                                    impl=impl, block=block)
-        return pin(y), None
-
-    xs = (stacked, inv_freq, jnp.asarray(windows, jnp.int32))
-    x, _ = jax.lax.scan(checkpointed(body), x, xs)
-    return x
-
-
 class Transformer(nnx.Module):
     """Decoder-only transformer; see the module docstring for its two forward paths."""
 
@@ -516,8 +457,8 @@ class Transformer(nnx.Module):
         pin = ((lambda x: jax.lax.with_sharding_constraint(x, activation_sharding))
                if activation_sharding is not None else (lambda x: x))
         x = pin(self.embed_tokens(input_ids_bt))
-        x = _run_layers(list(self.layers), cfg, x, positions_bt, seg, remat=remat, scan=scan,
-                        impl=impl, block=attention_block, pin=pin)
+        x = run_layers(list(self.layers), cfg, x, positions_bt, seg, remat=remat, scan=scan,
+                       impl=impl, block=attention_block, pin=pin)
         return pin(self.final_norm(x))
 
     def __call__(
