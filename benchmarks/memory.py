@@ -30,7 +30,7 @@ Figures (JSON keys):
   layers unrolled, dense [T, T] attention, full [B, T, V] logits, bf16 master state) at
   2k and 8k tokens beside the same shapes now.
 
-`python benchmarks/memory.py --quick` (the 0.6B figures only, rss at 1 x 1,024 tokens;
+`python benchmarks/memory.py --quick` (the 0.6B figures only, rss at 1 x 512 tokens;
 < 60 s) or the full run (writes benchmarks/results/memory.json). The last line printed is
 one JSON object.
 """
@@ -213,7 +213,7 @@ def main() -> None:
     t_start = time.perf_counter()
     out: dict = {"quick": args.quick}
     # The real step runs in a child process beside the analyses (its RSS is its own).
-    rss_len = 1024 if args.quick else 4096
+    rss_len = 512 if args.quick else 4096
     child = subprocess.Popen([sys.executable, __file__, "--rss-child", str(rss_len)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
