@@ -20,7 +20,8 @@ Figures (JSON keys):
   Goal <= 60.
 * rss_over_predicted — a real RL step executed on the CPU at real width (Qwen3-0.6B dims,
   real vocabulary, 2 layers, 1 row x 4,096 tokens, half of them loss positions; float32
-  compute, the CPU has no fast bf16): the process's peak RSS growth from before the trainer
+  compute, the CPU has no fast bf16; remat full and scanned layers, as real models resolve
+  `remat: auto` and `scan_layers: auto`): the process's peak RSS growth from before the trainer
   is built to the end of the step, over the analysis' peak for the same step. Goal <= 1.3.
   Run in a child process (compiles are done first and their memory returned to the OS).
 * recipe_<name> (full run) — each shipped real-checkpoint recipe's budget with trainer and
@@ -170,7 +171,10 @@ def rss_child(seq_len: int) -> dict:
 
     cfg = dataclasses.replace(config_from_hf(QWEN3_0_6B), num_layers=2, dtype="float32",
                               param_dtype="float32")
-    tc = trainer_config(seq_len, compute_dtype="float32", advantage="reinforce_pp")
+    # remat and scan pinned to what real models at real lengths resolve to ('auto' would run
+    # this 2-layer model unrolled, keeping every activation).
+    tc = trainer_config(seq_len, compute_dtype="float32", advantage="reinforce_pp",
+                        remat="full", scan_layers=True)
     predicted = update_memory(cfg, tc, rows=1, seq_len=seq_len)
     rng = np.random.default_rng(0)
     n = seq_len + 1

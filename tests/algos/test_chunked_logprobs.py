@@ -77,6 +77,21 @@ def test_chunked_stats_and_gradients_equal_the_full_logits(tie, softcap, n, chun
     assert np.all(np.asarray(g[1])[~on] == 0.0)
 
 
+def test_one_chunk_is_the_full_computation_bit_for_bit():
+    """A chunk that holds every position runs the full path's operations: the byte-model
+    recipes' runs reproduce the full-logits trainer exactly (values and gradients)."""
+    graphdef, params, rest = _head(False, None)
+    hidden, targets, mask = _inputs(37)
+    targets = jnp.asarray(targets, jnp.int32)
+    (v_ref, s_ref), g_ref = _stats_fn(graphdef, rest, targets, mask, 0)(params, hidden)
+    (v, s), g = _stats_fn(graphdef, rest, targets, mask, 64)(params, hidden)
+    on = mask > 0
+    assert float(v) == float(v_ref)
+    np.testing.assert_array_equal(np.asarray(s["logp"])[on], np.asarray(s_ref["logp"])[on])
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_stop_gradient_entropy_and_empty_mask():
     graphdef, params, rest = _head(True, None)
     hidden, targets, mask = _inputs(37)

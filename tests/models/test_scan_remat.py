@@ -109,3 +109,20 @@ def _dots_in_compiled_grad(num_layers: int, scan: bool) -> int:
 def test_the_compiled_step_does_not_grow_with_depth():
     assert _dots_in_compiled_grad(2, scan=True) == _dots_in_compiled_grad(6, scan=True)
     assert _dots_in_compiled_grad(6, scan=False) > _dots_in_compiled_grad(2, scan=False)
+
+
+def test_auto_remat_and_scan_follow_the_shapes():
+    """'auto' keeps every activation of a small problem and runs a shallow model unrolled;
+    a real model at a real length recomputes and scans; explicit choices pass through."""
+    from agentax.models import config_from_hf
+    from agentax.models._transformer import REMAT_AUTO_BYTES, resolve_layer_options, \
+        saved_activation_bytes
+    from tests.models.published_configs import QWEN3_0_6B
+
+    assert resolve_layer_options(QWEN, 2, 64, "dense", "auto", "auto", 4) == ("none", False)
+    real = config_from_hf(QWEN3_0_6B)
+    assert saved_activation_bytes(real, 1, 4096, "blocked", 2) > REMAT_AUTO_BYTES
+    assert resolve_layer_options(real, 1, 4096, "blocked", "auto", "auto", 2) == ("full", True)
+    assert resolve_layer_options(real, 1, 64, "dense", "auto", "auto", 2)[0] == "none"
+    assert resolve_layer_options(QWEN, 2, 64, "dense", "save_dots", False, 4) == \
+        ("save_dots", False)

@@ -104,9 +104,11 @@ def chunked_token_stats(hidden_nd: jax.Array, targets_n: jax.Array, mask_n: jax.
         stats = _chunk_stats(logits, tgt_bc.reshape(b * c), **flags)
         return {k: v.reshape(b, c) for k, v in stats.items()}
 
-    if num_chunks == 1:  # one chunk holds every position: no sort, no loop to pay for
+    if num_chunks == 1:
+        # One chunk holds every position: no sort, no loop, and the full computation's very
+        # operations (a small model's run reproduces the full-logits path bit for bit).
         hidden = jnp.where(keep_bn[..., None], hidden_nd, 0)
-        stats = compute(hidden, jnp.asarray(targets_n, jnp.int32))
+        stats = full_token_stats(hidden, targets_n, mask_n, head_fn, **flags)
         return {k: jnp.where(keep_bn, v, jnp.zeros((), v.dtype)) for k, v in stats.items()}
 
     zeros = jax.eval_shape(compute, jax.ShapeDtypeStruct((b, c, d), hidden_nd.dtype),

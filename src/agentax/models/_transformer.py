@@ -358,6 +358,41 @@ kernel's loops cost more to compile than such a small problem saves (a byte-mode
 SFT compiled 12 s longer with them), and real lengths are far past it (Qwen3-0.6B at 4k
 tokens: 1 GiB a row)."""
 
+REMAT_AUTO_BYTES = 2 << 30
+"""`remat='auto'` keeps every activation (no recomputation) when the layers' saved
+activations, estimated from the shapes, fit in this many bytes (2 GiB): below it
+recomputing each layer costs a third more compute (20 % of a byte-model recipe's SFT step on
+the CPU) to save memory no device is short of; real models at real lengths are far past it
+(Qwen3-0.6B, one row of 32k tokens: ~36 GB) and recompute."""
+
+SCAN_AUTO_MIN_LAYERS = 5
+"""`scan='auto'` scans the layers of models with at least this many (compile time and kernel
+size then stay flat with depth); shallower ones run unrolled (XLA fuses across their few
+layers: a 2-layer byte model's step is ~10 % faster on the CPU)."""
+
+
+def saved_activation_bytes(cfg: ModelConfig, b: int, t: int, impl: str, itemsize: int) -> int:
+    """Estimate of what the backward pass of `cfg`'s layers keeps without recomputation, for
+    B x T tokens: per layer and token ~10 hidden-sized and 4 MLP-sized vectors (norms,
+    projections, residuals, gate/up/activation), plus the float32 scores and probabilities
+    [N, T] of the dense attention."""
+    per_token = (10 * cfg.hidden_size + 4 * cfg.intermediate_size) * itemsize
+    if impl == "dense":
+        per_token += 2 * cfg.num_heads * t * 4
+    return cfg.num_layers * b * t * per_token
+
+
+def resolve_layer_options(cfg: ModelConfig, b: int, t: int, impl: str, remat: str,
+                          scan: bool | str, itemsize: int) -> tuple[str, bool]:
+    """(remat, scan) with 'auto' resolved for B x T tokens (see REMAT_AUTO_BYTES and
+    SCAN_AUTO_MIN_LAYERS); explicit choices pass through."""
+    if remat == "auto":
+        need = saved_activation_bytes(cfg, b, t, impl, itemsize)
+        remat = "none" if need <= REMAT_AUTO_BYTES else "full"
+    if scan == "auto":
+        scan = cfg.num_layers >= SCAN_AUTO_MIN_LAYERS
+    return remat, bool(scan)
+
 class Transformer(nnx.Module):
     """Decoder-only transformer; see the module docstring for its two forward paths."""
 
@@ -413,7 +448,7 @@ class Transformer(nnx.Module):
         attention_mask_bt: jax.Array | None = None,
         *,
         remat: str = "none",
-        scan: bool = True,
+        scan: bool | str = True,
         attention: str = "auto",
         attention_block: int = 512,
         activation_sharding=None,
@@ -427,10 +462,12 @@ class Transformer(nnx.Module):
           segment_ids_bt: [B, T] packed-sequence ids; tokens attend only within their segment;
             0 marks padding.
           attention_mask_bt: [B, T] 1 for real tokens, 0 for padding (keys masked out).
-          remat: 'none', 'full' (each layer recomputed in the backward pass from its input)
-            or 'save_dots' (its matmul outputs kept too).
+          remat: 'none', 'full' (each layer recomputed in the backward pass from its input),
+            'save_dots' (its matmul outputs kept too) or 'auto' (none when the saved
+            activations are small: `REMAT_AUTO_BYTES`, else full).
           scan: run the layers as one `lax.scan` over their stacked weights (one compiled
             layer, whatever the depth); layers of different structure fall back to a loop.
+            'auto' scans models of `SCAN_AUTO_MIN_LAYERS` layers or more.
           attention: 'blocked' (O(T x block) memory, masked blocks skipped), 'dense' (the
             [T, T] reference), 'cudnn' (GPU) or 'auto' (see `resolve_attention_impl`).
           attention_block: the blocked attention's block size.
@@ -448,6 +485,8 @@ class Transformer(nnx.Module):
             positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         cfg = self.config
         windows = {cfg.layer_window(i) for i in range(cfg.num_layers)}
+        if scan == "auto":
+            scan = cfg.num_layers >= SCAN_AUTO_MIN_LAYERS
         impl = resolve_attention_impl(attention, softcap=cfg.attn_logit_softcap,
                                       segmented=seg is not None, dtype=cfg.dtype,
                                       traced_window=scan and len(windows) > 1)
@@ -457,6 +496,7 @@ class Transformer(nnx.Module):
         pin = ((lambda x: jax.lax.with_sharding_constraint(x, activation_sharding))
                if activation_sharding is not None else (lambda x: x))
         x = pin(self.embed_tokens(input_ids_bt))
+        remat, scan = resolve_layer_options(cfg, b, t, impl, remat, scan, x.dtype.itemsize)
         x = run_layers(list(self.layers), cfg, x, positions_bt, seg, remat=remat, scan=scan,
                        impl=impl, block=attention_block, pin=pin)
         return pin(self.final_norm(x))

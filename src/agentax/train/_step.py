@@ -54,8 +54,8 @@ class StepOptions(NamedTuple):
     """How the train and scoring kernels run the model (a static jit argument): the memory
     knobs of `TrainerConfig` (see there), shared by the RL and the SFT loss."""
 
-    remat: str = "full"
-    scan_layers: bool = True
+    remat: str = "auto"
+    scan_layers: bool | str = "auto"
     attention: str = "auto"
     attention_block: int = 512
     logits_chunk: int = 1024
