@@ -74,16 +74,16 @@ def test_continuation_feeds_only_new_tokens_and_rewrite_breaks(recording, tok):
             session = server.open_session(sampling=SamplingParams(max_tokens=6, seed=1))
             c = openai.AsyncOpenAI(base_url=server.session_url(session), api_key="unused", max_retries=0)
             with pytest.raises(openai.NotFoundError):  # no session behind an unknown key
-                await client(server).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+                await client(server).chat.completions.create(model="agentax", messages=[{"role": "user", "content": "x"}])
             msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"}]
-            r1 = await c.chat.completions.create(model="m", messages=msgs, max_tokens=6, seed=1)
+            r1 = await c.chat.completions.create(model="agentax", messages=msgs, max_tokens=6, seed=1)
             msgs += [r1.choices[0].message.model_dump(exclude_none=True),
                      {"role": "user", "content": [{"type": "text", "text": "Two"}]}]
-            await c.chat.completions.create(model="m", messages=msgs, max_tokens=6, seed=1)
+            await c.chat.completions.create(model="agentax", messages=msgs, max_tokens=6, seed=1)
             mid = session.trajectory(0.0, TrajectoryStatus.OK)
             # a rewrite: the agent drops the first exchange
             await c.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "Three"}], max_tokens=6, seed=1)
+                model="agentax", messages=[{"role": "user", "content": "Three"}], max_tokens=6, seed=1)
             await c.close()
             return mid, session
 
@@ -110,19 +110,19 @@ def test_tools_round_trip_and_streaming(tok):
         async with ChatServer(eng, tok) as server:
             c = client(server)
             msgs = [{"role": "user", "content": "What is 6*7?"}]
-            r = await c.chat.completions.create(model="m", messages=msgs, tools=[CALC])
+            r = await c.chat.completions.create(model="agentax", messages=msgs, tools=[CALC])
             m = r.choices[0].message
             assert r.choices[0].finish_reason == "tool_calls" and m.content is None
             (tc,) = m.tool_calls
             assert tc.function.name == "calculator" and json.loads(tc.function.arguments) == {"expression": "6*7"}
             msgs += [m.model_dump(exclude_none=True),
                      {"role": "tool", "tool_call_id": tc.id, "content": "42"}]
-            r2 = await c.chat.completions.create(model="m", messages=msgs, tools=[CALC])
+            r2 = await c.chat.completions.create(model="agentax", messages=msgs, tools=[CALC])
             assert r2.choices[0].message.content == "42" and r2.choices[0].finish_reason == "stop"
             # the same exchange streamed, in another session
             s = client(server, "k2")
             chunks = [ch async for ch in await s.chat.completions.create(
-                model="m", messages=msgs[:1], tools=[CALC], stream=True,
+                model="agentax", messages=msgs[:1], tools=[CALC], stream=True,
                 stream_options={"include_usage": True})]
             await c.close()
             await s.close()
@@ -148,7 +148,7 @@ def test_n_choices(recording, tok):
         async with ChatServer(recording, tok) as server:
             c = client(server)
             r = await c.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "Count"}], n=3, max_tokens=10,
+                model="agentax", messages=[{"role": "user", "content": "Count"}], n=3, max_tokens=10,
                 temperature=1.0, seed=3)
             await c.close()
             return r, server.session("k1")
@@ -170,14 +170,14 @@ def test_bad_requests_get_openai_errors_and_do_not_harm_others(recording, tok):
             c = client(server)
             msgs = [{"role": "user", "content": "hi"}]
             with pytest.raises(openai.BadRequestError) as e:
-                await c.chat.completions.create(model="m", messages=msgs, presence_penalty=0.5)
+                await c.chat.completions.create(model="agentax", messages=msgs, presence_penalty=0.5)
             assert "presence_penalty" in str(e.value) and e.value.code == "unsupported_parameter"
             with pytest.raises(openai.BadRequestError, match="top_logprobs"):
-                await c.chat.completions.create(model="m", messages=msgs, logprobs=True, top_logprobs=2)
+                await c.chat.completions.create(model="agentax", messages=msgs, logprobs=True, top_logprobs=2)
             with pytest.raises(openai.BadRequestError, match="tool_choice"):
-                await c.chat.completions.create(model="m", messages=msgs, tools=[CALC], tool_choice="required")
+                await c.chat.completions.create(model="agentax", messages=msgs, tools=[CALC], tool_choice="required")
             with pytest.raises(openai.BadRequestError, match="context"):
-                await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 900}])
+                await c.chat.completions.create(model="agentax", messages=[{"role": "user", "content": "x" * 900}])
             url = f"{server.url}/v1/chat/completions"
             big = await asyncio.to_thread(http, url, b"{" + b" " * 30_000)
             bad = await asyncio.to_thread(http, url, b"{not json")
@@ -185,7 +185,7 @@ def test_bad_requests_get_openai_errors_and_do_not_harm_others(recording, tok):
             assert big[0] == 413 and bad[0] == 400
             assert bad[1]["error"]["type"] == "invalid_request_error"
             assert models[1]["data"][0]["id"] == "agentax"
-            ok = await c.chat.completions.create(model="m", messages=msgs, max_tokens=4)
+            ok = await c.chat.completions.create(model="agentax", messages=msgs, max_tokens=4)
             await c.close()
             return ok
 
@@ -198,9 +198,9 @@ def test_concurrent_sessions_stay_separate(recording, tok):
     async def agent(server, w):
         c = client(server, key=f"key-{w}")
         msgs = [{"role": "user", "content": f"Say {w}"}]
-        r = await c.chat.completions.create(model="m", messages=msgs, max_tokens=8, seed=1)
+        r = await c.chat.completions.create(model="agentax", messages=msgs, max_tokens=8, seed=1)
         msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": w * 2}]
-        await c.chat.completions.create(model="m", messages=msgs, max_tokens=8, seed=1)
+        await c.chat.completions.create(model="agentax", messages=msgs, max_tokens=8, seed=1)
         await c.close()
 
     async def main():
@@ -229,7 +229,7 @@ def test_stop_strings_are_cut_from_content(tok):
     async def main():
         async with ChatServer(eng, tok) as server:
             c = client(server)
-            r = await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+            r = await c.chat.completions.create(model="agentax", messages=[{"role": "user", "content": "hi"}],
                                                 stop=["wor", "zzz"], max_completion_tokens=40)
             await c.close()
             return r, server.session("k1").trajectory(0.0, TrajectoryStatus.OK)

@@ -20,6 +20,7 @@ __all__ = [
     "APIError",
     "ChatRequest",
     "Choice",
+    "check_json",
     "completion_body",
     "error_body",
     "parse_chat_request",
@@ -33,6 +34,8 @@ SUPPORTED_FIELDS = frozenset({
 })
 MAX_N = 16
 MAX_STOP = 4
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays / objects a request body may have (a tool's JSON schema included)."""
 
 
 class APIError(Exception):
@@ -50,6 +53,53 @@ def error_body(err: APIError) -> dict[str, Any]:
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def _is_surrogate_free(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_json(body: Any) -> None:
+    """Rejects what valid JSON may hold but the endpoint cannot use, before anything reads it.
+
+    Iterative (no recursion): nesting deeper than `MAX_JSON_DEPTH` and strings (keys included)
+    with a lone UTF-16 surrogate (`"\\ud800"`: valid JSON escapes, not encodable text) get a 400
+    naming where they are.
+
+    Raises:
+      APIError: 400 invalid_request_error.
+    """
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            if not _is_surrogate_free(value):
+                raise _bad(f"{path or 'the body'} holds a lone UTF-16 surrogate (an unpaired "
+                           "\\uD800-\\uDFFF escape): it is not valid Unicode text", path or None)
+            continue
+        if isinstance(value, dict):
+            items = value.items()
+        elif isinstance(value, list):
+            items = ((f"[{j}]", v) for j, v in enumerate(value))
+        else:
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise _bad(f"the request body nests arrays / objects deeper than {MAX_JSON_DEPTH} levels",
+                       path or None)
+        for key, v in items:
+            if isinstance(value, dict):
+                if not _is_surrogate_free(key):
+                    raise _bad(f"a key of {path or 'the body'} holds a lone UTF-16 surrogate: it "
+                               "is not valid Unicode text", path or None)
+                sub = f"{path}.{key}" if path else key
+            else:
+                sub = f"{path}{key}"
+            if isinstance(v, (str, dict, list)):
+                stack.append((v, sub, depth + 1))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,14 +176,22 @@ def _message(raw: Any, i: int) -> Message:
     param = f"messages[{i}]"
     if not isinstance(raw, Mapping):
         raise _bad(f"{param} must be an object", param)
-    role = raw.get("role")
+    given_role = role = raw.get("role")
     if role == "developer":
         role = "system"
     if role not in ("system", "user", "assistant", "tool"):
-        raise _bad(f"{param}.role must be system, developer, user, assistant or tool; got {role!r}", param)
+        raise _bad(f"{param}.role must be system, developer, user, assistant or tool; got {role!r}",
+                   f"{param}.role")
     unknown = set(raw) - {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
     if unknown:
         raise _bad(f"{param} has unsupported field(s) {sorted(unknown)}", param)
+    if role != "assistant" and raw.get("content") is None:
+        # OpenAI: content is required on system / developer / user / tool messages (an assistant
+        # message may have tool_calls instead)
+        raise _bad(f"{param}.content is required on a {given_role} message (a string or a list "
+                   "of text parts)", f"{param}.content")
+    if raw.get("name") is not None and not isinstance(raw["name"], str):
+        raise _bad(f"{param}.name must be a string", f"{param}.name")
     calls: tuple[ToolCall, ...] = ()
     if raw.get("tool_calls"):
         if role != "assistant" or not isinstance(raw["tool_calls"], list):
@@ -142,7 +200,7 @@ def _message(raw: Any, i: int) -> Message:
     name = raw.get("name")
     call_id = raw.get("tool_call_id")
     if role == "tool" and not isinstance(call_id, str):
-        raise _bad(f"{param}: a tool message needs tool_call_id", param)
+        raise _bad(f"{param}: a tool message needs tool_call_id (a string)", f"{param}.tool_call_id")
     return Message(role=role, content=_text_content(raw.get("content"), f"{param}.content"),
                    tool_calls=calls, name=name if isinstance(name, str) else None,
                    tool_call_id=call_id if role == "tool" else None)

@@ -6,11 +6,13 @@ thread hop, no second process. Routes, under `/v1` (sessions by API key) and und
 `/s/{session}/v1` (sessions by base-URL path):
 
 * `POST .../chat/completions` — chat completions (JSON or `stream=true` server-sent events);
-* `GET .../models` — the one served model;
+* `GET .../models`, `GET .../models/{id}` — the one served model;
 * `POST /s/{session}/v1/reward` — `{"reward": x}`: an agent program reports its reward.
 
-Bad requests get a 400 with an OpenAI-style error body; a body over `max_request_bytes` gets
-a 413 before it is parsed. A session serializes its own calls; other sessions are untouched.
+Every error has an OpenAI-style body (`{"error": {"message", "type", "param", "code"}}`): bad
+requests a 400 naming the field, a model the server does not serve a 404 `model_not_found`,
+an unknown path a 404, a wrong method a 405, a body over `max_request_bytes` a 413 before it is
+parsed. A session serializes its own calls; other sessions are untouched.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from typing import Any
 
 from agentax.records import SamplingParams
 from agentax.serve._protocol import (
+    MAX_JSON_DEPTH,
     APIError,
+    check_json,
     completion_body,
     error_body,
     parse_chat_request,
@@ -38,6 +42,10 @@ from agentax.serve._protocol import (
 from agentax.serve._session import Session, SessionLimits
 
 __all__ = ["ChatServer", "shared_server"]
+
+SERVE_CONTEXT_HINT = ("restart `agentax serve` with a larger --max-seq-len (EngineConfig.max_seq_len "
+                      "when the Engine is built in Python)")
+TRAIN_CONTEXT_HINT = "raise the run's engine.max_seq_len (with collector.max_episode_tokens)"
 
 
 def _need_stack():
@@ -55,7 +63,11 @@ class ChatServer:
     Args:
       engine: the `agentax.engine.Engine` to generate with.
       tokenizer: the model's tokenizer (chat template, tool-call markers).
-      model_name: the id `GET /v1/models` reports (requests may name any model).
+      model_name: the id `GET /v1/models` reports; a request naming another model gets a 404
+        `model_not_found` (unless `check_model=False`).
+      check_model: reject requests whose `model` is not `model_name` (and those without one).
+        False (the training endpoint): an agent trained unchanged may name any model.
+      context_hint: what a `context_length_exceeded` error tells the caller to raise.
       tool_format: tool-call parser ("hermes", "llama3", or a registered one).
       template_kwargs: extra chat-template variables.
       host / port: where to listen (loopback by default; port 0 picks a free port).
@@ -70,7 +82,8 @@ class ChatServer:
                  tool_format: str = "hermes", template_kwargs: Mapping[str, Any] | None = None,
                  host: str = "127.0.0.1", port: int = 0, open_sessions: bool = True,
                  max_sessions: int = 1024, max_request_bytes: int = 4 << 20,
-                 default_max_tokens: int = 256) -> None:
+                 default_max_tokens: int = 256, check_model: bool = True,
+                 context_hint: str = SERVE_CONTEXT_HINT) -> None:
         _need_stack()
         from agentax.text import get_tool_parser
 
@@ -81,6 +94,7 @@ class ChatServer:
         self.host, self.port = host, port
         self.open_sessions, self.max_sessions = open_sessions, max_sessions
         self.max_request_bytes, self.default_max_tokens = max_request_bytes, default_max_tokens
+        self.check_model, self.context_hint = check_model, context_hint
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
         self._server: Any = None
         self._prefix = secrets.token_hex(4)
@@ -146,7 +160,7 @@ class ChatServer:
         sid = f"{self._prefix}{secrets.token_urlsafe(9)}"
         session = Session(sid, self.engine, self.tokenizer, tool_format=self.tool_format,
                           template_kwargs=self.template_kwargs, sampling=sampling, limits=limits,
-                          default_max_tokens=self.default_max_tokens)
+                          default_max_tokens=self.default_max_tokens, context_hint=self.context_hint)
         self._sessions[sid] = session
         return session
 
@@ -175,19 +189,55 @@ class ChatServer:
             _, old = self._sessions.popitem(last=False)
             old.close()
         s = Session(sid, self.engine, self.tokenizer, tool_format=self.tool_format,
-                    template_kwargs=self.template_kwargs, default_max_tokens=self.default_max_tokens)
+                    template_kwargs=self.template_kwargs, default_max_tokens=self.default_max_tokens,
+                    context_hint=self.context_hint)
         self._sessions[sid] = s
         return s
 
     # ------------------------------------------------------------------ HTTP
 
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """The model ids `GET /v1/models` lists (and requests may name)."""
+        return (self.model_name,)
+
+    def _model_object(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "agentax"}
+
+    def _check_model(self, model: str) -> None:
+        if not self.check_model:
+            return
+        if not model:
+            raise APIError(400, "you must provide a model parameter (GET /v1/models lists the "
+                           f"served one: {self.model_name!r})", param="model")
+        if model not in self.served_models:
+            raise APIError(404, f"The model `{model}` does not exist or you do not have access to "
+                           f"it. This server serves {list(self.served_models)} (GET /v1/models).",
+                           param="model", code="model_not_found")
+
     def _build_app(self):
         from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
         from starlette.responses import JSONResponse, StreamingResponse
         from starlette.routing import Route
 
-        def error(e: APIError) -> JSONResponse:
-            return JSONResponse(error_body(e), status_code=e.status)
+        def error(e: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+            return JSONResponse(error_body(e), status_code=e.status, headers=headers)
+
+        async def http_error(request, exc: HTTPException) -> JSONResponse:
+            # Starlette's own 404 (no route) / 405 (wrong method), OpenAI-shaped
+            if exc.status_code == 404:
+                e = APIError(404, f"Invalid URL ({request.method} {request.url.path}): no such "
+                             "route; this endpoint serves POST /v1/chat/completions, GET "
+                             "/v1/models and GET /v1/models/{model}", code="unknown_url")
+            elif exc.status_code == 405:
+                e = APIError(405, f"Method {request.method} is not allowed on {request.url.path} "
+                             f"(allowed: {(exc.headers or {}).get('Allow', '?')})",
+                             code="method_not_allowed")
+            else:
+                e = APIError(exc.status_code, str(exc.detail),
+                             type="invalid_request_error" if exc.status_code < 500 else "server_error")
+            return error(e, exc.headers)
 
         def session_id(request) -> str | None:
             sid = request.path_params.get("sid")
@@ -206,13 +256,19 @@ class ChatServer:
                 if len(body) > self.max_request_bytes:
                     raise APIError(413, f"request body over {self.max_request_bytes} bytes")
             try:
-                return json.loads(body)
+                value = json.loads(body)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise APIError(400, f"the request body is not valid JSON ({e})") from None
+            except RecursionError:
+                raise APIError(400, "the request body nests arrays / objects too deeply (at most "
+                               f"{MAX_JSON_DEPTH} levels)") from None
+            check_json(value)
+            return value
 
         async def chat(request):
             try:
                 req = parse_chat_request(await read_json(request))
+                self._check_model(req.model)
                 session = self._lookup(session_id(request))
                 choices, prompt_tokens = await session.complete(req)
             except APIError as e:
@@ -233,8 +289,17 @@ class ChatServer:
             return JSONResponse(completion_body(rid, created, model, choices, prompt_tokens))
 
         async def models(request):
-            return JSONResponse({"object": "list", "data": [
-                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentax"}]})
+            return JSONResponse({"object": "list",
+                                 "data": [self._model_object(m) for m in self.served_models]})
+
+        async def model(request):
+            model_id = request.path_params["model_id"]
+            if model_id not in self.served_models:
+                return error(APIError(404, f"The model `{model_id}` does not exist or you do not "
+                                      f"have access to it. This server serves "
+                                      f"{list(self.served_models)}.", param="model",
+                                      code="model_not_found"))
+            return JSONResponse(self._model_object(model_id))
 
         async def reward(request):
             try:
@@ -251,9 +316,10 @@ class ChatServer:
         routes = []
         for prefix in ("/v1", "/s/{sid}/v1"):
             routes += [Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
-                       Route(f"{prefix}/models", models, methods=["GET"])]
+                       Route(f"{prefix}/models", models, methods=["GET"]),
+                       Route(f"{prefix}/models/{{model_id:path}}", model, methods=["GET"])]
         routes.append(Route("/s/{sid}/v1/reward", reward, methods=["POST"]))
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 
 _SHARED: dict[tuple[int, int], tuple[Any, Any, ChatServer]] = {}
@@ -273,7 +339,8 @@ async def shared_server(engine: Any, tokenizer: Any, *, tool_format: str = "herm
         server = entry[2]
     else:
         server = ChatServer(engine, tokenizer, tool_format=tool_format,
-                            template_kwargs=template_kwargs, open_sessions=False)
+                            template_kwargs=template_kwargs, open_sessions=False,
+                            check_model=False, context_hint=TRAIN_CONTEXT_HINT)
         _SHARED[key] = (weakref.ref(engine), weakref.ref(loop), server)
         server._starting = loop.create_task(server.start())  # type: ignore[attr-defined]
     await asyncio.shield(server._starting)  # type: ignore[attr-defined]

@@ -87,13 +87,17 @@ class Session:
         max_tokens cap govern; a request's temperature/top_p are recorded, not applied). None
         for a serving session: the request's values apply.
       limits: budgets (training sessions).
+      context_hint: what a `context_length_exceeded` error tells the caller to raise (the knob
+        that sets the engine's slot length where this session is served).
     """
 
     def __init__(self, session_id: str, engine: Any, tokenizer: Any, *, tool_format: str = "hermes",
                  template_kwargs: Mapping[str, Any] | None = None,
                  sampling: SamplingParams | None = None, limits: SessionLimits = SessionLimits(),
-                 default_max_tokens: int = 256) -> None:
+                 default_max_tokens: int = 256,
+                 context_hint: str = "raise EngineConfig.max_seq_len") -> None:
         self.id = session_id
+        self.context_hint = context_hint
         self.engine, self.tokenizer = engine, tokenizer
         self.tool_format = tool_format
         self.template_kwargs = dict(template_kwargs or {})
@@ -253,7 +257,10 @@ class Session:
                     self.truncated = "context_full"
                 else:
                     self.prompt_too_long = str(e)
-            raise APIError(400, f"the conversation does not fit the model's context: {e}",
+            # the engine's own advice names its config class; the caller's knob is the hint
+            detail = str(e).split("; shorten it or raise")[0]
+            raise APIError(400, f"the conversation does not fit the model's context ({detail}): "
+                           f"shorten the messages and tools, or {self.context_hint}",
                            param="messages", code="context_length_exceeded") from None
         except TimeoutError:
             self.timed_out = True
