@@ -121,11 +121,15 @@ def _type_name(tp: Any) -> str:
 def _check_field(name: str, value: Any, tp: Any, where: str) -> None:
     """Rules that hold for every config field, whatever dataclass it sits in.
 
-    A Literal field holds one of its values; a float is finite; a `*timeout_s` is > 0 and any
-    other `*_s` duration >= 0; an int (other than a seed) is >= 0 — every count, size and
-    period in agentax uses 0, never a negative number, for "off" or "default".
+    A Literal field holds one of its values; a float is finite, also inside a mapping or list
+    field (`*_kwargs`) at any depth; a `*timeout_s` is > 0 and any other `*_s` duration >= 0;
+    an int (other than a seed) is >= 0 — every count, size and period in agentax uses 0, never
+    a negative number, for "off" or "default".
     """
     if value is None:
+        return
+    if isinstance(value, (Mapping, list, tuple)):
+        _check_finite(value, where, set())
         return
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -149,6 +153,28 @@ def _check_field(name: str, value: Any, tp: Any, where: str) -> None:
         raise ConfigError(f"{where} must be >= 0 seconds, got {value}")
     elif isinstance(value, int) and "seed" not in name and value < 0:
         raise ConfigError(f"{where} must be >= 0, got {value}")
+
+
+def _check_finite(value: Any, where: str, seen: set[int]) -> None:
+    """Every float inside `value` (mappings and lists, at any depth) is finite.
+
+    A mapping field such as `trainer.advantage_kwargs` holds whatever the user wrote, so
+    `{eps: .nan}` would otherwise reach the code it configures unchecked. `seen` keeps a
+    container that is shared (a YAML alias) or that contains itself from being walked twice.
+    """
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {value!r} is not a finite number")
+        return
+    if not isinstance(value, (Mapping, list, tuple)) or id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}", seen)
+    else:
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]", seen)
 
 
 def check_values(obj: Any, *, where: str = "") -> None:

@@ -54,6 +54,11 @@ def _resolve_source(config: str | None, *, allow_run_dir: bool):
     raise ConfigError(f"{config!r} is neither a YAML file nor a recipe; recipes: {', '.join(RECIPES)}")
 
 
+def _file_relative(config: str | None) -> bool | None:
+    """False for a run directory (its config.yaml keeps paths as given); None = per file."""
+    return False if config is not None and os.path.isdir(config) else None
+
+
 def _load(args: argparse.Namespace, command: str):
     from agentax.cli._build import resolve_config
     from agentax.cli._config import load_config
@@ -64,7 +69,7 @@ def _load(args: argparse.Namespace, command: str):
     if resume_dir is not None:
         cfg = resolve_config(run_config(resume_dir, overrides))
         return cfg, resume_dir
-    cfg = resolve_config(load_config(path, overrides))
+    cfg = resolve_config(load_config(path, overrides, relative_to_file=_file_relative(config)))
     if path is not None and os.path.basename(path) == CONFIG_FILENAME and is_run_dir(
             os.path.dirname(path) or "."):
         cfg = _fresh_name(cfg)  # another run's config: this command writes a new run dir
@@ -188,7 +193,8 @@ def _cmd_config(args) -> int:
         return 0
     config, overrides = _split(args.args)
     path, _ = _resolve_source(config, allow_run_dir=False)
-    print(dump_config(load_config(path, overrides)), end="")
+    print(dump_config(load_config(path, overrides, relative_to_file=_file_relative(config))),
+          end="")
     return 0
 
 

@@ -54,8 +54,9 @@ def write_config(run_dir: Path, cfg: RunConfig) -> Path:
 
 
 def run_config(run_dir: str | os.PathLike, overrides=()) -> RunConfig:
-    """The config a run directory was written with, plus command-line overrides."""
-    return load_config(Path(run_dir) / CONFIG_FILENAME, overrides)
+    """The config a run directory was written with, plus command-line overrides (its relative
+    paths stay relative to the current directory, as they were when the run started)."""
+    return load_config(Path(run_dir) / CONFIG_FILENAME, overrides, relative_to_file=False)
 
 
 # ----------------------------------------------------------------------------- checkpoints

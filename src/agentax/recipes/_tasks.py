@@ -40,16 +40,29 @@ def _rows(path: str) -> list[tuple[int, Any]]:
             raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), "
                              "or give the tasks as JSONL") from None
         return list(enumerate(pq.read_table(path).to_pylist(), 1))
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    return list(_jsonl(path))
+
+
+def _jsonl(path: str):
+    """(line number, value) for each non-blank line of the JSONL file at `path`.
+
+    Raises:
+      ValueError: naming the file and line of text that is not UTF-8 or not JSON.
+    """
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                                 f"column {e.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
-                rows.append((lineno, json.loads(line)))
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
-    return rows
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})") \
+                    from None
 
 
 def load_tasks(path: str | os.PathLike, *, limit: int = 0, prefix: str = "task") -> list[Task]:
@@ -90,17 +103,44 @@ def load_tasks(path: str | os.PathLike, *, limit: int = 0, prefix: str = "task")
 
 
 def load_demos_jsonl(path: str | os.PathLike) -> list[list[Message]]:
-    """Chat demonstrations from JSONL: {"messages": [{"role", "content", ...}, ...]} a line."""
+    """Chat demonstrations from JSONL: {"messages": [{"role", "content", ...}, ...]} a line.
+
+    Raises:
+      FileNotFoundError: no such file. ValueError: naming the file, the line and what is
+      wrong with it (not UTF-8, not JSON, no "messages" list, a message without a role...).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"demonstrations file {path!r} does not exist (sft.data)")
     convs = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not isinstance(row.get("messages"), list):
-                raise ValueError(f"{path}:{lineno}: expected {{\"messages\": [...]}}")
-            convs.append([m if isinstance(m, Message) else _message(m) for m in row["messages"]])
+    for lineno, row in _jsonl(path):
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise ValueError(f"{path}:{lineno}: expected {{\"messages\": [...]}}, got "
+                             f"{_short(row)}")
+        messages = []
+        for i, m in enumerate(row["messages"]):
+            try:
+                messages.append(m if isinstance(m, Message) else _message(m))
+            except (KeyError, TypeError, AttributeError, ValueError) as e:
+                raise ValueError(f"{path}:{lineno}: messages[{i}] {_message_problem(m, e)}") \
+                    from None
+        convs.append(messages)
     return convs
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _message_problem(m: Any, error: Exception) -> str:
+    if not isinstance(m, dict):
+        return f"is {_short(m)}, not an object like {{\"role\": \"user\", \"content\": \"...\"}}"
+    if not isinstance(m.get("role"), str):
+        return "needs a string \"role\" (system, user, assistant or tool)"
+    if isinstance(error, KeyError):
+        return f"lacks {error.args[0]!r} (tool_calls need {{\"function\": {{\"name\": ...}}}})"
+    return f"is malformed: {error}"
 
 
 def _message(d: dict) -> Message:

@@ -1,0 +1,180 @@
+"""Bad config inputs (issue 44, F8-F11): each is one line naming the file, line or field.
+
+A NaN inside a `*_kwargs` mapping, a YAML "billion laughs", a section written as a scalar,
+a file that is not UTF-8 or not YAML, and a bad line of `sft.data` JSONL. The cases that
+once hung or passed silently run the real `agentax` in a child process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agentax.cli import _config as cli_config
+from agentax.cli import load_config
+from agentax.config import ConfigError
+from agentax.recipes import load_demos_jsonl, load_tasks
+from tests.faults.fault_helpers import error_lines, start
+
+
+def agentax(args, cwd: Path, timeout: float = 60) -> tuple[int, str, float]:
+    """(exit status, the one error line, seconds) of `agentax ARGS` run in `cwd`."""
+    began = time.monotonic()
+    proc = start(args, cwd=cwd)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"agentax {' '.join(args)} still ran after {timeout} s")
+    lines = error_lines(err)
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return proc.returncode, lines[0], time.monotonic() - began
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def billion_laughs(levels: int = 9) -> str:
+    lines = ["env:", "  kwargs:", '    l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- F8: finite
+
+
+def test_nan_in_advantage_kwargs_names_the_field(tmp_path):
+    path = write(tmp_path, "nan.yaml", "trainer:\n  advantage_kwargs: {eps: .nan}\n")
+    status, line, _ = agentax(["config", path.name], tmp_path)
+    assert status == 2
+    assert line.startswith("agentax config: error:")
+    assert "nan.yaml" in line and "trainer.advantage_kwargs.eps: nan is not a finite number" in line
+
+
+def test_inf_deep_inside_kwargs_names_the_path(tmp_path):
+    path = write(tmp_path, "inf.yaml", "env:\n  kwargs:\n    a: [1, {b: [2, -.inf]}]\n")
+    with pytest.raises(ConfigError, match=r"env\.kwargs\.a\[1\]\.b\[1\]: -inf is not a finite"):
+        load_config(path)
+
+
+def test_nan_in_kwargs_override_is_rejected():
+    with pytest.raises(ConfigError, match=r"agent\.kwargs\.t: nan is not a finite number"):
+        load_config(None, ["agent.kwargs.t=.nan"])
+
+
+def test_finite_kwargs_still_load():
+    cfg = load_config(None, ["trainer.advantage_kwargs={eps: 1.0e-6}", "env.kwargs.x=[1, 2.5]"])
+    assert cfg.trainer.advantage_kwargs == {"eps": 1e-6}
+    assert cfg.env.kwargs == {"x": [1, 2.5]}
+
+
+# ----------------------------------------------------------------------------- F9: aliases
+
+
+@pytest.mark.parametrize("command", ["config", "train"])
+def test_billion_laughs_stops_at_once_naming_the_file(tmp_path, command):
+    write(tmp_path, "laughs.yaml", billion_laughs())
+    status, line, seconds = agentax([command, "laughs.yaml"], tmp_path)
+    assert status == 2 and seconds < 30
+    assert line.startswith(f"agentax {command}: error: laughs.yaml:")
+    assert "anchors/aliases expand" in line
+
+
+def test_alias_cycle_is_rejected(tmp_path):
+    path = write(tmp_path, "cycle.yaml", "env:\n  kwargs:\n    a: &a [1, *a]\n")
+    with pytest.raises(ConfigError, match=r"cycle\.yaml: .*line 3 .*alias of itself"):
+        load_config(path)
+
+
+def test_ordinary_anchors_and_aliases_still_work(tmp_path):
+    path = write(tmp_path, "anchors.yaml",
+                 "run: {steps: 3}\nenv:\n  kwargs: &common {max_steps: 8, tags: &t [a, b]}\n"
+                 "tasks:\n  kwargs: {tags: *t}\nagent:\n  kwargs: {}\n")
+    cfg = load_config(path)
+    assert cfg.env.kwargs == {"max_steps": 8, "tags": ["a", "b"]}
+    assert cfg.tasks.kwargs == {"tags": ["a", "b"]}
+
+
+def test_the_bound_counts_only_what_aliases_add(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli_config, "MAX_YAML_VALUES", 1000)
+    items = ", ".join(str(i) for i in range(3000))  # 3000 written values: not limited
+    path = write(tmp_path, "big.yaml", f"env:\n  kwargs:\n    xs: &x [{items}]\n")
+    assert len(load_config(path).env.kwargs["xs"]) == 3000
+    path.write_text(f"env:\n  kwargs:\n    xs: &x [{items}]\n    ys: *x\n")  # +3001
+    with pytest.raises(ConfigError, match=r"big\.yaml: YAML anchors/aliases expand"):
+        load_config(path)
+
+
+# ----------------------------------------------------------------------------- F10: sections
+
+
+def test_scalar_section_with_an_override_is_not_dropped(tmp_path):
+    write(tmp_path, "scalar.yaml", "run: 5\n")
+    status, line, _ = agentax(["config", "scalar.yaml", "run.steps=3"], tmp_path)
+    assert status == 2
+    assert "scalar.yaml" in line and "section 'run' is 5, not a mapping" in line
+
+
+@pytest.mark.parametrize("text", ["run: 5\n", "tracing: [1, 2]\n", "eval:\n", "sft: text\n"])
+def test_scalar_section_without_overrides_names_file_and_section(tmp_path, text):
+    path = write(tmp_path, "scalar.yaml", text)
+    section = text.split(":")[0]
+    with pytest.raises(ConfigError, match=rf"scalar\.yaml: section '{section}' is .*not a mapping"):
+        load_config(path)
+
+
+def test_override_inside_a_scalar_field_is_rejected(tmp_path):
+    path = write(tmp_path, "field.yaml", "env:\n  kwargs: 5\n")
+    with pytest.raises(ConfigError, match=r"field\.yaml: env\.kwargs is 5, not a mapping"):
+        load_config(path, ["env.kwargs.max_steps=3"])
+
+
+# ----------------------------------------------------------------------------- F11: files
+
+
+def test_non_utf8_yaml_names_file_and_line(tmp_path):
+    write(tmp_path, "latin1.yaml", b"run:\n  name: caf\xe9\n")
+    status, line, _ = agentax(["config", "latin1.yaml"], tmp_path)
+    assert status == 2
+    assert "latin1.yaml:2: not UTF-8" in line
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, "broken.yaml", "run:\n  steps: 3\n  name: [x\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml:4: not valid YAML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b'{"messages": []}\n\n{"messages": [\n', r"d\.jsonl:3: not JSON"),
+    (b'{"messages": []}\n{"messages": "x\xff"}\n', r"d\.jsonl:2: not UTF-8"),
+    (b'{"messages": []}\n[1, 2]\n', r"d\.jsonl:2: expected \{\"messages\": \[\.\.\.\]\}"),
+    (b'{"messages": [{"role": "user"}, {"content": "x"}]}\n',
+     r"d\.jsonl:1: messages\[1\] needs a string \"role\""),
+    (b'{"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}\n',
+     r"d\.jsonl:1: messages\[0\] lacks 'name'"),
+])
+def test_bad_sft_data_line_names_file_line_and_problem(tmp_path, content, problem):
+    path = write(tmp_path, "d.jsonl", content)
+    with pytest.raises(ValueError, match=problem):
+        load_demos_jsonl(path)
+
+
+def test_good_sft_data_still_loads(tmp_path):
+    path = write(tmp_path, "d.jsonl", '{"messages": [{"role": "user", "content": "2+2"}, '
+                 '{"role": "assistant", "content": "4"}]}\n\n')
+    (conv,) = load_demos_jsonl(path)
+    assert [m.role for m in conv] == ["user", "assistant"] and conv[1].content == "4"
+
+
+def test_non_utf8_task_file_names_file_and_line(tmp_path):
+    path = write(tmp_path, "tasks.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(ValueError, match=r"tasks\.jsonl:2: not UTF-8"):
+        load_tasks(path)
