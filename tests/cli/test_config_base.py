@@ -35,12 +35,12 @@ def test_base_by_recipe_name_then_file_then_overrides(tmp_path, capsys):
 
 
 def test_base_by_relative_path_and_chain(tmp_path, monkeypatch):
-    _write(tmp_path / "shared" / "root.yaml", "base: frozen_lake\nrun: {steps: 7, seed: 3}\n"
+    _write(tmp_path / "common" / "root.yaml", "base: frozen_lake\nrun: {steps: 7, seed: 3}\n"
                                               "env: {kwargs: {max_steps: 6}}\n")
-    _write(tmp_path / "shared" / "middle.yaml", "base: root.yaml\nrun: {steps: 9}\n")
-    leaf = _write(tmp_path / "exp" / "leaf.yaml", "base: ../shared/middle.yaml\n"
+    _write(tmp_path / "common" / "middle.yaml", "base: root.yaml\nrun: {steps: 9}\n")
+    leaf = _write(tmp_path / "exp" / "leaf.yaml", "base: ../common/middle.yaml\n"
                                                   "tasks: {num_eval: 8}\n")
-    monkeypatch.chdir(tmp_path / "shared")  # a relative base is relative to its file, not here
+    monkeypatch.chdir(tmp_path / "common")  # a relative base is relative to its file, not here
     cfg = load_config(leaf)
     assert cfg.env.factory == "agentax.recipes.frozen_lake:make_env"
     assert dict(cfg.env.kwargs) == {"max_steps": 6}
