@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 import agentax.trace
 
 from tests.faults.fault_helpers import (
@@ -26,6 +28,7 @@ from tests.faults.fault_helpers import (
 )
 
 
+@pytest.mark.slow  # 16-18 s of real runs and kills: CI's slow stage
 def test_kill9_during_last_checkpoint_save_then_resume(tmp_path):
     run_dir = tmp_path / "r"
     args = ["train", *TINY, f"run.runs_dir={tmp_path}", "run.name=r", "run.steps=2",
@@ -46,6 +49,7 @@ def test_kill9_during_last_checkpoint_save_then_resume(tmp_path):
     assert checkpoint_dirs(run_dir) == ["step_1", "step_2"]  # the temporary one is gone
 
 
+@pytest.mark.slow  # 16-18 s of real runs and kills: CI's slow stage
 def test_ctrl_c_checkpoints_then_kill9_resume_loses_nothing(tmp_path):
     run_dir = tmp_path / "c"
     args = ["train", *TINY, f"run.runs_dir={tmp_path}", "run.name=c", "run.steps=40"]

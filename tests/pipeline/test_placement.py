@@ -76,7 +76,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("kind", ["colocated", "disaggregated"])
+@pytest.mark.parametrize("kind", ["colocated", pytest.param(
+    "disaggregated", marks=pytest.mark.slow)])  # 15 s each: the second in CI's slow stage
 def test_placement_runs_pipeline_and_publishes_to_engine_devices(kind, tmp_path):
     script = tmp_path / "placement.py"
     script.write_text(SCRIPT)
