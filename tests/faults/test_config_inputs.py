@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentax.cli import _config as cli_config
+from agentax.cli import _yaml as cli_yaml
 from agentax.cli import load_config
 from agentax.config import ConfigError
 from agentax.recipes import load_demos_jsonl, load_tasks
@@ -103,7 +103,7 @@ def test_ordinary_anchors_and_aliases_still_work(tmp_path):
 
 
 def test_the_bound_counts_only_what_aliases_add(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli_config, "MAX_YAML_VALUES", 1000)
+    monkeypatch.setattr(cli_yaml, "MAX_YAML_VALUES", 1000)
     items = ", ".join(str(i) for i in range(3000))  # 3000 written values: not limited
     path = write(tmp_path, "big.yaml", f"env:\n  kwargs:\n    xs: &x [{items}]\n")
     assert len(load_config(path).env.kwargs["xs"]) == 3000
