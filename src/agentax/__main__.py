@@ -39,6 +39,13 @@ def _huge_page_env() -> dict[str, str] | None:
     return {**os.environ, "GLIBC_TUNABLES": value}
 
 
+def _early_signal(signum: int, frame: object) -> None:
+    """SIGINT / SIGTERM while the command is still importing: nothing is written yet."""
+    os.write(2, f"agentax: interrupted by signal {signum} during start-up (nothing "
+                "written)\n".encode())
+    os._exit(128 + signum)
+
+
 def main() -> int:
     env = _huge_page_env()
     if env is not None:
@@ -46,9 +53,20 @@ def main() -> int:
             os.execve(sys.executable, sys.orig_argv, env)
         except (OSError, ValueError):  # no executable to re-run, or no argv to re-run it with
             pass  # run as we are
+    import signal
+
+    # Until a command installs its own handlers (train: `StopGuard`), a signal ends the
+    # process at once with one line: the imports take seconds and nothing is written yet.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _early_signal)
     from agentax.cli import main as cli_main
 
-    return cli_main()
+    code = cli_main()
+    # The command is over (its files are written): a signal from here to the exit is too
+    # late to stop anything, and the interpreter's teardown would let it kill the process.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ warning, and the process exits without it.
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import logging
 import os
@@ -62,7 +63,8 @@ def lower_thread_priority() -> None:
 def _wait_for_running_calls() -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     while time.monotonic() < deadline:
-        busy = {ex.name: ex.busy for ex in list(_ALL) if ex.busy}
+        # Calls abandoned past their timeout are known to hang: not waited for.
+        busy = {ex.name: ex.busy - ex.hung for ex in list(_ALL) if ex.busy > ex.hung}
         if not busy:
             return
         time.sleep(0.01)
@@ -79,12 +81,54 @@ def _watch_at_exit(executor: StageExecutor) -> None:
     atexit.register(_wait_for_running_calls)
 
 
+class StageExhausted(RuntimeError):
+    """No thread is left: `max_workers` calls of the stage hang past their caller's timeout.
+
+    Attributes:
+      call: the hung function's name (e.g. "step"): the cause of this failure.
+    """
+
+    def __init__(self, message: str, call: str = ""):
+        super().__init__(message)
+        self.call = call
+
+
+def _call_name(fn: Callable[..., Any]) -> str:
+    fn = getattr(fn, "func", fn)  # functools.partial
+    owner = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return f"{type(owner).__name__}.{name}" if owner is not None else name
+
+
+class _StageFuture(concurrent.futures.Future):
+    """A future whose `cancel()` while it runs (its caller's timeout gave up on the call) tells
+    the executor that the call's thread is lost until the call returns."""
+
+    def __init__(self, executor: StageExecutor, name: str):
+        super().__init__()
+        self._executor, self.call_name = executor, name
+        self.abandoned = False
+
+    def cancel(self) -> bool:
+        if super().cancel():
+            return True
+        if self.running():
+            self._executor._abandon(self)
+        return False
+
+
 class StageExecutor(concurrent.futures.Executor):
-    """A thread pool of at most `max_workers` daemon threads, started on demand.
+    """A thread pool of `max_workers` daemon threads doing live work, started on demand.
+
+    A call whose caller gave up on it (cancelled its future while it runs: a timeout) is
+    *abandoned*: its thread is replaced, so hung calls do not starve the stage, up to
+    `max_workers` abandoned calls at once. Past that bound a call that finds no idle thread
+    fails at once with `StageExhausted`, which names the hung call (the cause), instead of
+    timing out in the queue with a reason of its own.
 
     Args:
       name: the stage (thread names are `agentax-<name>-<i>`).
-      max_workers: the bound on threads (>= 1).
+      max_workers: the bound on threads doing live work (>= 1).
     """
 
     def __init__(self, name: str, max_workers: int):
@@ -98,24 +142,55 @@ class StageExecutor(concurrent.futures.Executor):
         self._idle = 0  # threads waiting for work
         self._pending = 0  # submitted items no thread has taken yet
         self._generation = 0  # bumped by shutdown: older threads stop counting
+        self._hung: dict[_StageFuture, None] = {}  # abandoned calls still running
         self.busy = 0
         """Calls running now (an abandoned hung call stays counted until it returns)."""
+        self.abandoned_total = 0
+        """Calls abandoned past their caller's timeout over the pool's life."""
+
+    @property
+    def hung(self) -> int:
+        """Abandoned calls still running (each holds a thread)."""
+        return len(self._hung)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future = _StageFuture(self, _call_name(fn))
         with self._lock:
+            if len(self._hung) >= self.max_workers and self._idle <= self._pending:
+                raise self._exhausted()
             self._pending += 1
-            if self._pending > self._idle and len(self._threads) < self.max_workers:
-                thread = threading.Thread(
-                    target=self._worker, args=(self._work, self._generation),
-                    name=f"agentax-{self.name}-{len(self._threads)}", daemon=True,
-                )
-                self._threads.append(thread)
-                self._idle += 1
-                _watch_at_exit(self)
-                thread.start()
+            self._grow()
             self._work.put((future, fn, args, kwargs))
         return future
+
+    def _grow(self) -> None:
+        """Starts a thread if work waits and live threads are under the bound (lock held)."""
+        live = len(self._threads) - len(self._hung)
+        if self._pending > self._idle and live < self.max_workers:
+            thread = threading.Thread(
+                target=self._worker, args=(self._work, self._generation),
+                name=f"agentax-{self.name}-{len(self._threads)}", daemon=True,
+            )
+            self._threads.append(thread)
+            self._idle += 1
+            _watch_at_exit(self)
+            thread.start()
+
+    def _abandon(self, future: _StageFuture) -> None:
+        with self._lock:
+            if future.abandoned or future.done():
+                return
+            future.abandoned = True
+            self._hung[future] = None
+            self.abandoned_total += 1
+            self._grow()  # a queued call gets the lost thread's place
+
+    def _exhausted(self) -> StageExhausted:
+        names = collections.Counter(f.call_name for f in self._hung)
+        name, count = names.most_common(1)[0]
+        return StageExhausted(
+            f"no {self.name} thread left: {len(self._hung)} calls hang past their timeout "
+            f"(e.g. {name} x{count}); fix what they wait for", call=name.rsplit(".", 1)[-1])
 
     def _worker(self, work: queue.SimpleQueue, generation: int) -> None:
         while True:
@@ -140,6 +215,7 @@ class StageExecutor(concurrent.futures.Executor):
             finally:
                 with self._lock:
                     self.busy -= 1
+                    self._hung.pop(future, None)
                     if generation == self._generation:
                         self._idle += 1
                 del item, future, fn, args, kwargs
@@ -161,6 +237,7 @@ class StageExecutor(concurrent.futures.Executor):
             self._work, self._threads = queue.SimpleQueue(), []
             self._generation += 1
             self._idle = self._pending = 0
+            self._hung.clear()  # their threads are no longer this pool's
         if cancel_futures:
             while True:
                 try:

@@ -56,7 +56,13 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     # Resume (an option among the overrides): the run continues to the new total.
     status, out, err = _run(["train", str(run), "-q", "run.steps=2"], capsys)
     assert status == 0, err
-    assert err == ""  # -q: nothing on the console
+    # -q: nothing on the console but the resume line (a resume never passes unseen)
+    assert err.splitlines() == [line for line in err.splitlines()
+                                if line.startswith("resumed from step 1 (")] and len(
+        err.splitlines()) == 1, err
+    summary = json.loads((run / "summary.json").read_text())  # the whole run, both segments
+    assert summary["rl_steps"] == 2 and summary["segment"]["rl_steps"] == 1
+    assert summary["segment"]["resumed_from_step"] == 1 and "eval_before" in summary
     assert yaml.safe_load((run / "config.yaml").read_text())["run"]["steps"] == 2
     steps = [r["step"] for r in read_metrics(run) if r.get("phase") == "rl"]
     assert steps == [1, 2]

@@ -117,7 +117,9 @@ def test_a_process_with_a_hung_sync_step_still_exits():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["step:", "timeout", "done"]
-    assert "still running on stage threads after 0.5 s (env 1)" in out.stderr
+    # The step was abandoned past its timeout: known to hang, so the exit does not wait for
+    # it (nor warn about it); only calls still doing live work get EXIT_WAIT_S.
+    assert "still running on stage threads" not in out.stderr
 
 
 def test_a_process_exits_cleanly_while_a_stage_call_runs_jax():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -77,7 +78,7 @@ def _load(args: argparse.Namespace, command: str):
 
 
 def _cmd_train(args) -> int:
-    from agentax.cli._rundir import make_run_dir
+    from agentax.cli._rundir import make_run_dir, remove_failed_start
     from agentax.cli._runner import run_train
 
     from agentax.cli._signals import Interrupted
@@ -86,6 +87,10 @@ def _cmd_train(args) -> int:
     run_dir = resume_dir or make_run_dir(cfg, "train")
     try:
         summary = run_train(cfg, run_dir, resume=resume_dir is not None, quiet=args.quiet)
+    except (*_USER_ERRORS, OSError):  # bad input or no disk space: nothing worth keeping
+        if resume_dir is None:
+            remove_failed_start(run_dir)
+        raise
     except Interrupted as e:
         if e.message:
             raise
@@ -274,9 +279,9 @@ def _explains_itself(error: Exception) -> bool:
         if isinstance(error, RunFailed):
             return True
     if "agentax.train" in sys.modules:
-        from agentax.train import NonFiniteUpdateError
+        from agentax.train import DiskFullError, NonFiniteUpdateError
 
-        return isinstance(error, NonFiniteUpdateError)
+        return isinstance(error, (NonFiniteUpdateError, DiskFullError))
     return False
 
 
@@ -287,9 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for bad input (config, files, paths), 1 for anything else, 128 + N after signal N (130
     Ctrl-C, 143 SIGTERM). `--debug` prints the traceback instead.
     """
-    from agentax.cli._signals import Interrupted
+    from agentax.cli._signals import Interrupted, received
 
     args = _parse(argv)
+    previous = _install_interrupt_handlers()
     try:
         return args.fn(args)
     except Interrupted as e:
@@ -301,6 +307,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into one line
         if getattr(args, "debug", False):
             traceback.print_exc()
+        signum = received()
+        if signum is not None:  # the interruption surfaced as another error (e.g. from XLA)
+            print(f"agentax {args.command}: interrupted by {signal.Signals(signum).name} "
+                  f"({type(e).__name__} while stopping)", file=sys.stderr)
+            return 128 + signum
         user = isinstance(e, _USER_ERRORS)
         text = " ".join(str(e).split()) or "(no message)"
         plain = user or _explains_itself(e)
@@ -309,3 +320,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "" if plain or debug else " (run again with --debug for the traceback)"
         print(f"agentax {args.command}: error: {name}{text}{hint}", file=sys.stderr)
         return 2 if user else 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _install_interrupt_handlers() -> dict:
+    """SIGINT / SIGTERM raise `Interrupted` (exit 130 / 143 with one line) in every command;
+    `agentax train` installs its own around the run (`StopGuard`). Returns the previous ones."""
+    import threading
+
+    from agentax.cli._signals import _received, interrupt
+
+    _received.clear()  # main() may run more than once in a process (tests, notebooks)
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}

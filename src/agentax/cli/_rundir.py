@@ -8,8 +8,10 @@ atomically, and on a resume only once the checkpoint has been restored.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,26 @@ def write_config(run_dir: Path, cfg: RunConfig) -> Path:
     """Writes RUN_DIR/config.yaml atomically (a kill leaves the old file or the new one)."""
     path = run_dir / CONFIG_FILENAME
     tmp = run_dir / (CONFIG_FILENAME + ".tmp")
-    tmp.write_text(dump_config(cfg), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(dump_config(cfg), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}"
+                      + ("; free disk space there (or move run.runs_dir)"
+                         if e.errno in (errno.ENOSPC, errno.EDQUOT) else "")) from None
     return path
+
+
+def remove_failed_start(run_dir: Path) -> bool:
+    """Removes a fresh run directory whose run failed before it logged or saved anything (a
+    failed start leaves nothing to resume); True if it did."""
+    run_dir = Path(run_dir)
+    metrics = run_dir / METRICS_FILENAME
+    if (run_dir / CHECKPOINT_DIR).exists() or (metrics.exists() and metrics.stat().st_size):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not run_dir.exists()
 
 
 def run_config(run_dir: str | os.PathLike, overrides=()) -> RunConfig:

@@ -14,6 +14,7 @@ import asyncio
 import gc
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agentax import _aio as aio
 from agentax._executors import lower_thread_priority
 from agentax.cli._build import (
     TaskSuite,
@@ -48,8 +50,10 @@ from agentax.cli._rundir import (
     restore_newest,
     write_config,
 )
-from agentax.cli._signals import Interrupted, StopGuard
+from agentax.cli._signals import Interrupted, StopGuard, hard_exit
 from agentax.config import replace
+from agentax.train._checkpoint import check_space, checkpoint_bytes
+from agentax.pipeline import RunFailed
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
 from agentax.trace import MetricsLogger, get_tracer
@@ -125,7 +129,7 @@ def sft_trainer_config(cfg: RunConfig):
 
 
 def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter, *,
-               save: bool = False, mesh=None):
+               save: bool = False, mesh=None, check: Callable[[], None] = lambda: None):
     """SFT on the task's demonstrations (on `mesh`, the RL trainer's); returns (trainer, last
     metrics)."""
     from agentax.recipes._render import render_examples
@@ -140,6 +144,7 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
     last: dict[str, Any] = {}
     t0 = time.perf_counter()
     for i in range(cfg.sft.steps):
+        check()  # a signal whose raise was lost (inside a callback) stops SFT here
         metrics = trainer.step(trainer.take(examples, batch_size=cfg.sft.batch_size,
                                             batch_tokens=cfg.sft.batch_tokens))
         if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
@@ -189,7 +194,11 @@ def run_train(cfg: RunConfig, run_dir: Path, *, resume: bool = False, quiet: boo
     """
     try:
         with StopGuard() as guard:
-            return _run_train(cfg, run_dir, resume, quiet, guard)
+            try:
+                return _run_train(cfg, run_dir, resume, quiet, guard)
+            except Interrupted:
+                guard.acknowledge()
+                raise
     finally:
         gc.unfreeze()  # what the run built may be collected again (run_train called in-process)
 
@@ -208,13 +217,16 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         write_config(run_dir, cfg)
     if resume and found is None:
         cut_metrics(run_dir, None)  # nothing to continue from: the run starts over
+    guard.check()
     rep = Reporter(cfg, run_dir, quiet=quiet)
     try:
         rep.say(f"[bold]agentax train[/bold] -> {run_dir}")
         mesh = build_mesh(cfg)
         tokenizer = build_tokenizer(cfg)
         suite = build_suite_for(cfg)
+        guard.check()
         model = build_model(cfg)
+        guard.check()
         rep.timings["startup_s"] = rep.elapsed()
         gc.freeze()
         position: dict[str, Any] = {}
@@ -222,6 +234,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         engine = None
         try:
             trainer = RLTrainer(model, cfg.trainer, mesh=mesh)
+            # Before hours of SFT and RL: is there room for the first checkpoint at all?
+            check_space(run_dir / CHECKPOINT_DIR, checkpoint_bytes(trainer))
             if found is None and cfg.sft.steps:
                 # Kernels depend on shapes, not weights: the engine's step thread and a thread
                 # of ours compile the engine's and the RL trainer's while SFT trains (its steps
@@ -232,7 +246,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                 engine = build_engine(replace(cfg, engine=replace(cfg.engine, precompile=True)),
                                       model, tokenizer)
                 compiling = _precompile_rl(cfg, trainer, after=engine.wait_compiled)
-                sft, last = warm_start(cfg, model, tokenizer, suite, rep, mesh=mesh)
+                sft, last = warm_start(cfg, model, tokenizer, suite, rep, mesh=mesh,
+                                       check=guard.check)
                 model = sft.export_model(release=True)
                 engine.update_weights(model, 0)
                 compiling.join()
@@ -241,13 +256,16 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                 summary["sft"] = last
                 rep.say(f"sft: {cfg.sft.steps} steps in {rep.timings['sft_s']:.1f} s, "
                         f"loss {last.get('sft/loss', float('nan')):.3f}")
+            guard.check()
             if found is not None:
                 position = restore_newest(run_dir, trainer, say=rep.say)
                 cut = cut_metrics(run_dir, position)
                 write_config(run_dir, cfg)
                 model = trainer.export_model()
-                rep.say(f"resumed from step {position['rl_step']} ({position['path']})"
-                        + (f"; {cut} later metrics rows cut" if cut else ""))
+                # Said even with -q (the console is quiet): a resume must never pass unseen.
+                _say_always(rep, f"resumed from step {position['rl_step']} ({position['path']})"
+                            + (f"; {cut} later metrics rows cut" if cut else ""))
+                guard.check()
             start_step = int(position.get("rl_step", trainer.step_count))
             if engine is None:
                 engine = build_engine(cfg, model, tokenizer, version=start_step)
@@ -307,8 +325,11 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         start_group: int, guard: StopGuard, checkpointer: RunCheckpointer) -> dict:
     from agentax.pipeline import Pipeline
 
+    checkpointer_resumed = checkpointer.saved_step is not None
+
     def checkpoint() -> None:
-        checkpointer.save(trainer, rl_step=pipeline.version, next_group=pipeline.next_group)
+        with guard.saving():
+            checkpointer.save(trainer, rl_step=pipeline.version, next_group=pipeline.next_group)
 
     out: dict[str, Any] = {}
     collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
@@ -365,6 +386,10 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                         cfg.pipeline, on_step=on_step, on_episode=on_episode,
                         start_version=start_step,
                         start_group=start_group)
+    saved = f"`agentax train {rep.run_dir}` continues from the newest checkpoint"
+    pipeline.on_loop_stuck = lambda error: hard_exit(
+        1, f"agentax train: error: {error}; the event loop stayed blocked, so the run exited "
+        f"without a new checkpoint; after the fix, {saved}")
 
     async def watchdog() -> None:
         """Says so when every group is being filtered out and no step can happen."""
@@ -390,7 +415,9 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
 
     async def _main() -> Any:
         t = time.perf_counter()
-        if start_step == 0 and checkpointer.saved_step is None:  # not on a resume: once
+        # Once per run: also on a resume from step 0 whose first segment stopped before
+        # (or during) it, so the pre-RL figures are never lost.
+        if start_step == 0 and not _logged_phase(rep.run_dir, "eval_before"):
             out["eval_before"] = _report_eval(rep, 0, "before", await _evaluate(
                 cfg, engine, tokenizer, suite))
         rep.timings["eval_before_s"] = time.perf_counter() - t
@@ -412,21 +439,71 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         return result
 
     try:
-        result = asyncio.run(main())
+        result = aio.run(main())
+    except RunFailed as e:
+        # The pipeline finished the step in flight: the trainer's state is that of
+        # pipeline.version, so the run resumes where it stopped.
+        if views and views[0] is not None:
+            views[0].close()
+        checkpoint()
+        if checkpointer.saved_step is not None:
+            e.extend(f"checkpoint {rep.run_dir / CHECKPOINT_DIR}/step_{checkpointer.saved_step} "
+                     f"is complete; after the fix, `agentax train {rep.run_dir}` continues "
+                     "from it")
+        raise
     except BaseException as e:
         if guard.signum is None or not (guard.stopped(e) or isinstance(e, Interrupted)):
             raise
+        guard.acknowledge()
         if views and views[0] is not None:
             views[0].close()
         checkpoint()
         raise Interrupted(guard.signum, f"stopped at RL step {pipeline.version}; checkpoint "
                           f"{rep.run_dir / CHECKPOINT_DIR}/step_{checkpointer.saved_step} is "
                           f"complete; continue with `agentax train {rep.run_dir}`") from None
-    out.update(rl_steps=len(result.steps), trajectories_trained=result.trajectories_trained,
+    # The whole run, across resumed segments (metrics.jsonl was cut back to the checkpoint
+    # this segment resumed from, so its rows are the run's); `segment` is this process's part.
+    rows = _phase_rows(rep.run_dir)
+    if "eval_before" not in out and rows.get("eval_before"):
+        out["eval_before"] = {k: v for k, v in rows["eval_before"][-1].items()
+                              if k not in ("step", "time", "phase", "wall_s", "policy_version")}
+    out.update(rl_steps=len(rows.get("rl", [])), trajectories_trained=result.trajectories_trained,
                trajectories_per_s=result.trajectories_per_s,
                trainer_idle_fraction=result.trainer_idle_fraction,
-               accounting=result.accounting.summary())
+               accounting=result.accounting.summary(),
+               segment={"resumed_from_step": start_step if checkpointer_resumed else None,
+                        "rl_steps": len(result.steps),
+                        "episodes_sampled": result.accounting.started})
     return out
+
+
+def _phase_rows(run_dir: Path) -> dict[str, list[dict]]:
+    """metrics.jsonl's rows by phase (a resume cut it back to its checkpoint first)."""
+    out: dict[str, list[dict]] = {}
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line torn by a kill: not a row
+                    continue
+                if isinstance(row, dict):
+                    out.setdefault(str(row.get("phase", "")), []).append(row)
+    return out
+
+
+def _logged_phase(run_dir: Path, phase: str) -> bool:
+    """Whether metrics.jsonl has a row of `phase`."""
+    return bool(_phase_rows(run_dir).get(phase))
+
+
+def _say_always(rep: Reporter, text: str) -> None:
+    """A line that `-q` does not silence (plain stderr)."""
+    if rep.console.quiet:
+        print(text, file=sys.stderr, flush=True)
+    else:
+        rep.say(text)
 
 
 def _doctor_summary(run_dir: Path, rep: Reporter) -> dict:
@@ -459,7 +536,7 @@ def run_sft(cfg: RunConfig, run_dir: Path, *, quiet: bool = False) -> dict:
                                    mesh=build_mesh(cfg))
         engine = build_engine(cfg, trainer.export_model(release=True), tokenizer)
         try:
-            results = asyncio.run(_evaluate(cfg, engine, tokenizer, suite))
+            results = aio.run(_evaluate(cfg, engine, tokenizer, suite))
         finally:
             engine.shutdown()
         summary = {"run_dir": str(run_dir), "sft": last,
@@ -480,7 +557,7 @@ def run_eval(cfg: RunConfig, run_dir: Path, *, model=None, quiet: bool = False) 
         model = model if model is not None else build_model(cfg)
         engine = build_engine(cfg, model, tokenizer)
         try:
-            results = asyncio.run(_evaluate(cfg, engine, tokenizer, suite))
+            results = aio.run(_evaluate(cfg, engine, tokenizer, suite))
         finally:
             engine.shutdown()
         summary = {"run_dir": str(run_dir), "eval": _report_eval(rep, 0, "", results),

@@ -29,7 +29,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from agentax._executors import stage_executor
+from agentax._aio import CancelIgnored, bounded
+from agentax._executors import StageExhausted, stage_executor
 from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
 
 __all__ = ["Environment", "EnvError", "ensure_async_env"]
@@ -228,14 +229,16 @@ class Environment(abc.ABC):
         st["stats"][key] += 1
         if call != "close":
             st["broken"] = kind
-        return EnvError(f"{type(self).__name__}.{call}: {message}", status=status, kind=kind, call=call)
+        name = type(getattr(self, "inner", self)).__name__  # a sync environment's own name
+        return EnvError(f"{name}.{call}: {message}", status=status, kind=kind, call=call)
 
     async def _guarded(self, call: str, coro: Any, timeout_s: float | None) -> Any:
         try:
             if not inspect.isawaitable(coro):
                 raise TypeError(f"_{call} must be `async def` (it returned {type(coro).__name__})")
-            async with asyncio.timeout(timeout_s):  # no inner task whose error could go unseen
-                return await coro
+            # A task of its own, abandoned if it ignores the cancellation at the deadline (an
+            # environment that swallows CancelledError would otherwise hang its episode).
+            return await bounded(coro, timeout_s)
         except EnvError as e:
             # A subclass (or a reward inside it) reported a typed failure itself.
             st = self._state()
@@ -243,6 +246,12 @@ class Environment(abc.ABC):
             if call != "close":
                 st["broken"] = e.kind
             raise
+        except CancelIgnored as e:
+            raise self._fail(call, "timeout", str(e), TrajectoryStatus.TIMEOUT) from None
+        except StageExhausted as e:
+            # No thread left because earlier calls hang: counted as the hung call's timeout
+            # (the cause), not as a failure of this call.
+            raise self._fail(e.call or call, "timeout", str(e), TrajectoryStatus.TIMEOUT) from None
         except TimeoutError:
             raise self._fail(call, "timeout", f"no answer within {timeout_s} s", TrajectoryStatus.TIMEOUT) from None
         except asyncio.CancelledError:

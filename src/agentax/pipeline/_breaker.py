@@ -60,6 +60,10 @@ class RunFailed(RuntimeError):
             line += f"; to change: {knob}"
         super().__init__(line)
 
+    def extend(self, text: str) -> None:
+        """Appends `; text` to the one-line message (e.g. where the run's checkpoint is)."""
+        self.args = (f"{self.args[0]}; {_one_line(text, 400)}",)
+
 
 def _one_line(text: str, limit: int = 240) -> str:
     text = " ".join(str(text).split())
@@ -89,6 +93,9 @@ def _knob_for(reason: str) -> str:
         if reason.startswith("reward"):
             return "collector.reward_timeout_s, or the reward function"
         return "the environment's reset_timeout_s / step_timeout_s, or what it waits for"
+    if reason in ("env_factory_error", "agent_factory_error"):
+        return (f"fix {reason.split('_')[0]}.factory (it raised when called for an episode, "
+                "after passing the start-up check)")
     if reason.startswith(("reset_", "step_", "close_")):
         return "fix the environment"
     if reason.startswith("reward"):
@@ -205,14 +212,25 @@ class LoopWatchdog:
     the loop thread's stack, logs the culprit at once (the loop may stay blocked for long) and
     schedules `on_block(RunFailed)` on the loop, which runs when the loop is free again.
 
+    If the loop is still blocked `stuck_s` after that, `on_stuck(RunFailed)` is called from the
+    watchdog's own thread (once): the loop may never run again (a `time.sleep` that does not
+    end), so whoever owns the process decides there (the CLI writes its line, flushes the
+    trace and exits). Without `on_stuck`, the block is logged when it is detected.
+
     Args:
       limit_s: how long the loop may go without running a callback.
       on_block: called on the loop with the `RunFailed` describing the block.
+      on_stuck: called from the watchdog thread when the loop stays blocked.
+      stuck_s: how long after the report (default: `limit_s`, at least 5 s).
     """
 
-    def __init__(self, limit_s: float, on_block: Callable[[RunFailed], Any]):
+    def __init__(self, limit_s: float, on_block: Callable[[RunFailed], Any], *,
+                 on_stuck: Callable[[RunFailed], Any] | None = None,
+                 stuck_s: float | None = None):
         self.limit_s = limit_s
         self.on_block = on_block
+        self.on_stuck = on_stuck
+        self.stuck_s = max(limit_s, 5.0) if stuck_s is None else stuck_s
         self._beat = time.monotonic()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -245,11 +263,17 @@ class LoopWatchdog:
             self._handle = self._loop.call_later(self.limit_s / 4, self._tick)
 
     def _watch(self) -> None:
-        reported = None
-        while not self._stop.wait(self.limit_s / 4):
+        reported, stuck_called, first, latest = None, False, None, None
+        while not self._stop.wait(min(self.limit_s / 4, 1.0)):
             beat = self._beat
             late = time.monotonic() - beat - self.limit_s / 4
-            if late < self.limit_s or reported == beat:
+            if reported == beat:
+                if (self.on_stuck is not None and not stuck_called
+                        and late >= self.limit_s + self.stuck_s):
+                    stuck_called = True
+                    self.on_stuck(latest)
+                continue
+            if late < self.limit_s:
                 continue
             reported = beat
             frame = sys._current_frames().get(self._loop_thread)
@@ -266,7 +290,11 @@ class LoopWatchdog:
                 knob="make that call non-blocking (await it, or use a sync method, which runs on "
                 f"a thread); or pipeline.loop_block_limit_s (now {self.limit_s:g})",
             )
-            log.error("%s", error)
+            latest = error
+            if first is None:
+                first = error
+                if self.on_stuck is None:  # else the owner reports it (once, as it stops)
+                    log.error("%s", error)
             try:
                 self._loop.call_soon_threadsafe(self.on_block, error)
             except RuntimeError:  # the loop is closed

@@ -49,6 +49,10 @@ class PipelineConfig:
     stall_timeout_s: float = 900.0
     """The run stops when no group reached the trainer for this long (keep it above
     collector.episode_timeout_s)."""
+    max_dropped_episodes: int = 4096
+    """The run stops when this many episodes in a row were dropped by the group filters with
+    no step in between (an untrained policy whose groups all get equal rewards samples
+    forever otherwise); 0 never stops. Failed episodes are the breaker's (breaker_window)."""
     loop_block_limit_s: float = 10.0
     """The run stops when the event loop was blocked this long (e.g. `time.sleep` inside an
     async environment step); 0 disables the watchdog."""
@@ -85,6 +89,9 @@ class PipelineConfig:
             raise ValueError(
                 f"pipeline.breaker_failure_rate must be in (0, 1], got {self.breaker_failure_rate}"
             )
+        if self.max_dropped_episodes < 0:
+            raise ValueError(f"pipeline.max_dropped_episodes must be >= 0 (0 never stops), got "
+                             f"{self.max_dropped_episodes}")
         if not self.stall_timeout_s > 0 or self.stall_timeout_s == float("inf"):
             raise ValueError(f"pipeline.stall_timeout_s must be a positive number of seconds, "
                              f"got {self.stall_timeout_s}")

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from agentax import _aio as aio
 from agentax._executors import set_stage_threads
 from agentax.pipeline._accounting import Accounting
 from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
@@ -54,6 +55,7 @@ __all__ = ["Pipeline", "PipelineResult", "StepRecord", "drop_all_equal_rewards",
 
 log = logging.getLogger(__name__)
 _DROP_STREAK_WARNING = 8  # in units of groups_per_step
+TRAIN_FINISH_S = 600.0  # a stopping run waits this long for the train step in flight
 
 _TRAINABLE = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
 
@@ -164,6 +166,11 @@ class Pipeline:
         set_stage_threads(env=config.env_threads, tool=config.tool_threads, reward=config.reward_threads)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentax-trainer")
         self._drop_streak = 0
+        self._filtered_streak = 0  # episodes dropped by filters since the last kept group
+        self._training: asyncio.Future | None = None  # the train step in flight (_train_whole)
+        self.on_loop_stuck: Callable[[RunFailed], Any] | None = None
+        """Called from a watchdog thread when the event loop stays blocked after the loop
+        watchdog stopped the run (the loop may never run again): e.g. exit the process."""
         self._failure: asyncio.Future | None = None
         self._abandoned: set[asyncio.Task] = set()  # had their cancellation grace (`arun`)
         self._waiting_since: float | None = None  # the trainer waits for groups since then
@@ -182,16 +189,34 @@ class Pipeline:
 
     def _screen(self, group: Group) -> Group | None:
         """Failed members sink the group (counted by status); then the configured filters."""
+        filtered_before = sum(self.accounting.filtered.values())
         kept = self._screen_group(group)
-        self._drop_streak = 0 if kept is not None else self._drop_streak + 1
-        if self._drop_streak == _DROP_STREAK_WARNING * self.config.groups_per_step:
-            # Not an error (a policy can recover), but a run that drops everything never steps.
+        if kept is not None:
+            self._drop_streak = self._filtered_streak = 0
+        else:
+            self._drop_streak += 1
+            if not any(t.status not in _TRAINABLE for t in group.trajectories):
+                self._filtered_streak += sum(self.accounting.filtered.values()) - filtered_before
+        limit = self.config.max_dropped_episodes
+        if (self._drop_streak == _DROP_STREAK_WARNING * self.config.groups_per_step
+                and self._filtered_streak and (not limit or self._filtered_streak < limit)):
+            # Not an error yet (a policy can recover), but a run that drops everything never
+            # steps. (Failing episodes are the breaker's to report.)
             log.warning(
                 "the last %d groups were all dropped (filtered %s, failed %s); the trainer cannot "
                 "step until a group survives — e.g. an untrained policy with all-equal rewards "
                 "under the 'all_equal_rewards' filter",
                 self._drop_streak, dict(self.accounting.filtered), dict(self.accounting.failed),
             )
+        if limit and self._filtered_streak >= limit:
+            self._filtered_streak = 0
+            self._fail(RunFailed(
+                "all_filtered", f"the last {limit} episodes were all dropped by "
+                f"pipeline.filters {list(self.config.filters)} (filtered so far "
+                f"{dict(self.accounting.filtered)}) and no step could happen",
+                knob="warm-start the policy (sft.steps, init.from_run) so that a group's samples "
+                "differ, or pipeline.filters=[] to train on them anyway, or "
+                f"pipeline.max_dropped_episodes (now {limit})"))
         if kept is not None and self._waiting_since is not None:
             self._waiting_since = time.perf_counter()  # a group reached the trainer: progress
         return kept
@@ -243,6 +268,30 @@ class Pipeline:
         with self.tracer.span(names.ROLLOUT, track=names.COLLECTOR_TRACK, args={"group": group_id}):
             trajs = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
         return Group(group_id=group_id, task_id=task.id, trajectories=tuple(trajs))
+
+    async def _train_whole(self, groups: list[Group], wait_s: float,
+                           t_start: float) -> StepRecord:
+        """`_train` in a task of its own that a stopping run does not cancel: a step that has
+        started finishes, publishes and is logged (`on_step`), so the trainer's state, the
+        pipeline's version and the run's records agree when the run stops (`arun` waits)."""
+        task = asyncio.ensure_future(self._train(groups, wait_s, t_start))
+        self._training = task
+        return await asyncio.shield(task)
+
+    async def _finish_training(self) -> None:
+        """At the end of `arun`: waits for a step that a stop interrupted (see `_train_whole`)."""
+        task, self._training = self._training, None
+        if task is None:
+            return
+        if not task.done():
+            log.info("the run is stopping: finishing the train step in flight first")
+            await asyncio.wait({task}, timeout=TRAIN_FINISH_S)
+        if not task.done():
+            log.error("the train step in flight did not finish within %.0f s; stopping without "
+                      "it", TRAIN_FINISH_S)
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        elif not task.cancelled() and task.exception() is not None:
+            log.debug("the interrupted train step ended with %r", task.exception())
 
     async def _train(self, groups: list[Group], wait_s: float, t_start: float) -> StepRecord:
         self._waiting_since = None
@@ -297,18 +346,7 @@ class Pipeline:
         Unlike `asyncio.run`, it does not wait forever at the end for tasks that ignore
         cancellation (an environment swallowing CancelledError): they are abandoned.
         """
-        loop = asyncio.new_event_loop()
-        try:
-            return loop.run_until_complete(self.arun(num_steps))
-        finally:
-            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in left:
-                t.cancel()
-            left = [t for t in left if t not in self._abandoned]  # not a second grace
-            if left:
-                loop.run_until_complete(asyncio.wait(left, timeout=self._cancel_grace_s()))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+        return aio.run(self.arun(num_steps), grace_s=self._cancel_grace_s())
 
     async def arun(self, num_steps: int) -> PipelineResult:
         """Runs `num_steps` optimizer steps in the configured mode; checks the accounting.
@@ -327,7 +365,8 @@ class Pipeline:
         run = self._run_sync if cfg.mode == "sync" else self._run_async
         body = asyncio.create_task(run(num_steps, t_start))
         stall = asyncio.create_task(self._watch_stall())
-        watchdog = LoopWatchdog(cfg.loop_block_limit_s, self._fail) if cfg.loop_block_limit_s else None
+        watchdog = (LoopWatchdog(cfg.loop_block_limit_s, self._fail, on_stuck=self.on_loop_stuck)
+                    if cfg.loop_block_limit_s else None)
         if watchdog is not None:
             watchdog.start()
         try:
@@ -340,6 +379,7 @@ class Pipeline:
                 watchdog.stop()
             stall.cancel()
             body.cancel()
+            await self._finish_training()
             # Bounded: an environment that swallows CancelledError must not hang the shutdown.
             _, stuck = await asyncio.wait({body, stall}, timeout=self._cancel_grace_s())
             if stuck:
@@ -397,7 +437,7 @@ class Pipeline:
                     self.next_group += need
                     groups = await asyncio.gather(*(self._run_group(i, episodes) for i in indices))
                     kept.extend(g for g in groups if self._screen(g) is not None)
-            steps.append(await self._train(kept, time.perf_counter() - t_wait, t_start))
+            steps.append(await self._train_whole(kept, time.perf_counter() - t_wait, t_start))
         return steps
 
     async def _run_async(self, num_steps: int, t_start: float) -> list[StepRecord]:
@@ -436,6 +476,7 @@ class Pipeline:
                 task = asyncio.create_task(group_done(run))
                 running[task] = run
                 task.add_done_callback(lambda t: running.pop(t, None))
+                task.add_done_callback(self._group_failed)
 
         producer = asyncio.create_task(produce())
         pool: list[tuple[int, Group]] = []  # complete groups the trainer has not taken yet
@@ -464,7 +505,7 @@ class Pipeline:
                         if item is not None:
                             pool.append(item)
                 wait_s = time.perf_counter() - t_wait
-                steps.append(await self._train([g for _, g in batch], wait_s, t_start))
+                steps.append(await self._train_whole([g for _, g in batch], wait_s, t_start))
                 await gate.step(d for d, _ in batch)
                 if self.version % cfg.publish_every == 0:
                     await gate.publish(self.version - base)
@@ -527,6 +568,17 @@ class Pipeline:
                 return item
         return None
 
+    def _group_failed(self, task: asyncio.Task) -> None:
+        """A group's task raised (a bug outside the episodes' own error handling): the run
+        stops with it instead of waiting for a group that will never come."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        failed = RunFailed("internal", "rolling out a group raised", sample_error=(
+            f"{type(error).__name__}: {error}"), knob="report it with the `--debug` traceback")
+        failed.__cause__ = error
+        self._fail(failed)
+
     def _abandon_pending(self) -> None:
         """Cancelled tasks outlived their grace: says where they wait and leaves them (with the
         episodes they gathered, which had the same grace) out of `run`'s final wait."""
@@ -534,6 +586,8 @@ class Pipeline:
         log.error("episodes ignored cancellation for %.0f s (%s); abandoning them",
                   self._cancel_grace_s(), describe_stuck(list(pending)) or "?")
         self._abandoned |= pending
+        for task in pending:
+            aio.abandon(task)  # `run` gives them no second grace
 
     def _cancel_grace_s(self) -> float:
         """How long cancelled episodes get to unwind (they close their environments)."""

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from agentax._aio import bounded
 from agentax.agents import Agent, TrajectoryBuilder
 from agentax.engine import PromptTooLong
 from agentax.envs import EnvError, Environment, compute_reward, ensure_async_env
@@ -137,17 +138,30 @@ class Collector:
         self, task: Task, seed: int, group_id: str, sample_index: int, flow: int
     ) -> Trajectory:
         cfg = self.config
-        made = self.env_factory()
-        if hasattr(made, "drive_episode"):
-            return await self._run_driven(made, task, seed, group_id, sample_index, flow)
-        agent = self.agent_factory()
-        env: Environment = ensure_async_env(made)
-        builder = TrajectoryBuilder(
-            self.tokenizer, tools=agent.tools, task_id=task.id,
-            stop_ids=self.sampling.stop_ids, template_kwargs=self.template_kwargs,
-        )
-        state = _EpisodeState()
         t0 = time.perf_counter()
+        made = stage = None
+        try:  # user code: a factory that raises (now, not at the start-up check) is a status
+            stage = "env_factory"
+            made = self.env_factory()
+            if hasattr(made, "drive_episode"):
+                return await self._run_driven(made, task, seed, group_id, sample_index, flow)
+            env: Environment = ensure_async_env(made)
+            stage = "agent_factory"
+            agent = self.agent_factory()
+            builder = TrajectoryBuilder(
+                self.tokenizer, tools=agent.tools, task_id=task.id,
+                stop_ids=self.sampling.stop_ids, template_kwargs=self.template_kwargs,
+            )
+        except Exception as e:  # noqa: BLE001 - counted by reason; the breaker decides
+            if made is not None and stage == "agent_factory":
+                await self._cleanup(ensure_async_env(made), _EpisodeState())
+            return TrajectoryBuilder(self.tokenizer).build(
+                0.0, TrajectoryStatus.ENV_ERROR if stage == "env_factory" else
+                TrajectoryStatus.MODEL_ERROR, task_id=task.id, sample_index=sample_index,
+                group_id=group_id, timings={"episode_s": time.perf_counter() - t0},
+                info={"reason": f"{stage}_error", "turns": 0, "flow_id": flow,
+                      "error": f"{type(e).__name__}: {e}"[:500]})
+        state = _EpisodeState()
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the coroutine in an inner
             # task whose exception is never retrieved when the episode is cancelled as it fails
@@ -300,8 +314,7 @@ class Collector:
                 pass
             state.sequence_id = None
         try:
-            async with asyncio.timeout(self.config.close_timeout_s):
-                await env.close()
+            await bounded(env.close(), self.config.close_timeout_s)
         except Exception:  # noqa: BLE001 - close failures are counted, never fatal
             state.info["close_failed"] = True
 

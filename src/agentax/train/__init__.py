@@ -6,6 +6,7 @@ Feed `RLTrainer.step(groups)` complete `records.Group`s; publish `params_for_eng
 
 from agentax.train._checkpoint import (
     DamagedCheckpointError,
+    DiskFullError,
     checkpoint_steps,
     latest_checkpoint_step,
     read_checkpoint_meta,
@@ -19,6 +20,7 @@ from agentax.train._step import NonFiniteUpdateError
 
 __all__ = [
     "DamagedCheckpointError",
+    "DiskFullError",
     "DEFAULT_PARTITION_RULES",
     "LoRAConfig",
     "NonFiniteUpdateError",

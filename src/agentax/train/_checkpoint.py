@@ -13,20 +13,31 @@ is complete and a process killed mid-save leaves only a temporary directory (rem
 next save). Replacing an existing `step_<N>` renames it aside to `step_<N>.replaced` first
 and deletes it only after the new one is in place; a kill between the two renames leaves the
 old one, which `checkpoint_steps` renames back. Nothing here deletes another step.
+
+Disk space: a save first checks that the folder's file system has room for the checkpoint
+(the state's bytes plus a margin) and raises `DiskFullError` — naming the folder, the bytes
+needed and the bytes free — before writing anything; a save that still runs out of space
+(another writer filled the disk meanwhile) removes its temporary directory and raises the same.
+Either way the previous checkpoints are untouched, so the run stays resumable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
 import os
 import re
 import shutil
+import sys
+import threading
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 
-__all__ = ["DamagedCheckpointError", "checkpoint_steps", "latest_checkpoint_step",
+__all__ = ["DamagedCheckpointError", "DiskFullError", "checkpoint_bytes", "checkpoint_steps", "latest_checkpoint_step",
            "read_checkpoint_meta", "restore_trainer_checkpoint", "save_trainer_checkpoint"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -36,6 +47,112 @@ _TMP_PREFIX = ".tmp-step_"
 
 class DamagedCheckpointError(ValueError):
     """A checkpoint directory exists but cannot be read (truncated or corrupted files)."""
+
+
+class DiskFullError(OSError):
+    """There is not enough disk space for a checkpoint; the message names the folder, the
+    bytes needed and the bytes free. Nothing was left behind."""
+
+    def __init__(self, directory: Path, need: int, free: int | None):
+        have = "" if free is None else f", {_mb(free)} free"
+        super().__init__(errno.ENOSPC, f"no space for a checkpoint in {directory}: it needs "
+                                       f"up to {_mb(need)}{have}; free disk space there (or "
+                                       "move run.runs_dir) and resume")
+        self.directory, self.need, self.free = directory, need, free
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+_MARGIN = 1.05  # Orbax's metadata and OCDBT's index on top of the arrays
+_MARGIN_BYTES = 1 << 20
+
+
+def checkpoint_bytes(trainer) -> int:
+    """About how many bytes `save_trainer_checkpoint(trainer, ...)` writes."""
+    leaves = jax.tree.leaves(trainer._checkpoint_state())
+    return int(sum(getattr(x, "nbytes", 0) for x in leaves) * _MARGIN) + _MARGIN_BYTES
+
+
+def check_space(directory, need: int) -> None:
+    """Raises `DiskFullError` if the file system of `directory` has less than `need` bytes."""
+    d = Path(directory).absolute()
+    probe = d
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:  # cannot tell: let the write find out
+        return
+    if free < need:
+        raise DiskFullError(d, need, free)
+
+
+def _out_of_space(error: BaseException) -> bool:
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(error)
+        if "No space left" in text or "RESOURCE_EXHAUSTED" in text or "quota" in text.lower():
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _held_stderr():
+    """Holds what is written to file descriptor 2 while Orbax saves; yields a list that gets
+    the bytes. On a full disk Orbax's writer threads print a traceback per failed chunk
+    (hundreds of lines) straight to the descriptor, around the one error the caller gets;
+    the caller re-emits the bytes unless the save failed for lack of space."""
+    try:
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no descriptor 2 to hold
+        yield []
+        return
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            data = os.read(read_end, 65536)
+            if not data:
+                return
+            chunks.append(data)
+
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    reader = threading.Thread(target=drain, name="agentax-checkpoint-stderr", daemon=True)
+    reader.start()
+    try:
+        yield chunks
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end closes: the reader ends
+        os.close(saved)
+        reader.join(5.0)
+        os.close(read_end)
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax logs each failed background write with a traceback (absl ERROR); the failure
+    reaches the caller as one exception, so those logs only repeat it."""
+    loggers = [logging.getLogger(n) for n in ("absl", "orbax")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -115,18 +232,39 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
         shutil.rmtree(stale, ignore_errors=True)
     final = d / f"step_{int(step)}"
     tmp = d / f"{_TMP_PREFIX}{int(step)}-{os.getpid()}"
-    tmp.mkdir()
-    ckptr = ocp.StandardCheckpointer()
+    need = checkpoint_bytes(trainer)
+    check_space(d, need)
     try:
-        ckptr.save(tmp / "state", trainer._checkpoint_state())
-        ckptr.wait_until_finished()
-    finally:
-        ckptr.close()
-    meta = trainer._checkpoint_meta()
-    if run is not None:
-        meta["run"] = run
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    _fsync_tree(tmp)
+        tmp.mkdir()
+        ckptr = ocp.StandardCheckpointer()
+        failed: BaseException | None = None
+        with _held_stderr() as held:
+            try:
+                with _quiet_orbax():
+                    ckptr.save(tmp / "state", trainer._checkpoint_state())
+                    ckptr.wait_until_finished()
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after stderr is back
+                failed = e
+            finally:
+                with _quiet_orbax(), contextlib.suppress(Exception):
+                    ckptr.close()
+        if held and not (failed is not None and _out_of_space(failed)):
+            os.write(2, b"".join(held))
+        if failed is not None:
+            raise failed
+        meta = trainer._checkpoint_meta()
+        if run is not None:
+            meta["run"] = run
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        _fsync_tree(tmp)
+    except Exception as e:
+        if not _out_of_space(e):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = None
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(d).free
+        raise DiskFullError(d, need, free) from e
     if final.exists():
         aside = d / (final.name + _REPLACED)
         shutil.rmtree(aside, ignore_errors=True)
