@@ -15,6 +15,20 @@ the CPU: no SFT, no evaluation episodes), and the run directory is checked after
   (start-up and compilation included) with a non-zero exit and one `run stopped` line.
 * Sandbox attacks: five forked children each holding 100 MiB under a 256 MiB sandbox, and
   12 x 4 MB files under a 16 MiB disk quota; contained when the host never sees more.
+* User code that breaks inside episodes (tests/faults/faulty_user_code.py): a factory that
+  raises, sync steps that hang for good, an environment that swallows cancellation, one that
+  blocks the event loop, groups that are all filtered out. Each must stop the run with one
+  `run stopped` line and exit 1 within 60 s of its start, leaving a checkpoint to resume from
+  (the blocked loop cannot checkpoint: it must only exit).
+* Signals at the edges: SIGTERM right after config.yaml is written (SFT warm start ahead),
+  SIGINT twice in the first seconds of a resume (`python -m agentax`, imports included),
+  SIGTERM while user code blocks the loop. Each must exit 128 + N with one line; the first
+  is resumed and must end with the pre-RL evaluation and every RL step once.
+* Disk full (a real 6 MiB tmpfs; skipped where the host cannot mount one): the save refused
+  before writing, and Orbax failing mid-write. One line, exit 1, no temporary directory, and
+  the run resumes once there is room.
+* `max_exit_s`: the slowest of the stops above (from the process start for runs that stop on
+  their own, from the signal for signals).
 * Bad inputs (tests/faults/fault_helpers.py `bad_inputs`): each must be answered by exactly
   one `agentax CMD: error:` line with a non-zero exit and no traceback. The full run starts a
   process per input; --quick calls `agentax.cli.main` in this process.
@@ -43,6 +57,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tests.faults.fault_helpers import (  # noqa: E402
     TINY,
+    user_fault,
     bad_inputs,
     checkpoint_dirs,
     error_lines,
@@ -102,7 +117,9 @@ def fault_signal(root: Path, sig: signal.Signals) -> dict:
     run_dir = root / f"sig_{sig.name}"
     proc = start(_args(root, run_dir.name, 40, 0))
     reached = wait_for_rl_step(proc, run_dir, 1)
+    t0 = time.perf_counter()
     code, _, err = send(proc, sig)
+    exit_s = time.perf_counter() - t0
     stopped = rl_steps(run_dir)
     k = stopped[-1] if stopped else 0
     before = _complete(run_dir)
@@ -113,7 +130,7 @@ def fault_signal(root: Path, sig: signal.Signals) -> dict:
     ok = ok and reached and code == 128 + sig and saved and "Traceback" not in err \
         and last.startswith("agentax train: stopped at RL step") and resumed.returncode == 0
     return {"kind": f"{sig.name} during RL", "ok": ok, "data_lost": lost,
-            "note": f"stopped at {k}; {note}"}
+            "exit_s": round(exit_s, 1), "note": f"stopped at {k}; {note}"}
 
 
 def fault_nan(root: Path) -> dict:
@@ -145,9 +162,130 @@ def fault_stops(root: Path, kind: str, name: str, *, overrides=(), fault: str = 
     lines = [x for x in error_lines(result.stderr) if x.startswith("agentax train: error")]
     ok = result.returncode not in (0, None) and "Traceback" not in result.stderr \
         and len(lines) == 1 and "run stopped" in lines[0] and wall <= 60
-    return {"kind": kind, "ok": ok, "data_lost": 0,
+    return {"kind": kind, "ok": ok, "data_lost": 0, "exit_s": round(wall, 1),
             "note": f"exit {result.returncode} after {wall:.0f} s: "
                     f"{(lines or [result.stderr.strip()[-90:]])[-1][:90]}"}
+
+
+def _one_stop_line(stderr: str) -> list[str]:
+    return [x for x in error_lines(stderr) if x.startswith("agentax train:")]
+
+
+def fault_user_code(root: Path, kind: str, env_name: str, *overrides: str,
+                    resumable: bool = True) -> dict:
+    """Faulty user code inside episodes: one line, exit 1, within 60 s, a checkpoint."""
+    name = f"user_{env_name}"
+    t0 = time.perf_counter()
+    result = run([*_args(root, name, 40, 0), *user_fault(env_name), *overrides], timeout=600)
+    wall = time.perf_counter() - t0
+    lines = _one_stop_line(result.stderr)
+    saved = _complete(root / name)
+    ok = (result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr
+          and "never retrieved" not in result.stderr and wall <= 60
+          and (not resumable or "step_0" in saved))
+    return {"kind": kind, "ok": ok, "data_lost": 0, "exit_s": round(wall, 1),
+            "note": f"exit {result.returncode} after {wall:.0f} s, checkpoints {sorted(saved)}: "
+                    f"{(lines or [result.stderr.strip()[-90:]])[-1][:90]}"}
+
+
+def _phases(run_dir: Path) -> list[str]:
+    path = run_dir / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line).get("phase"))
+        except ValueError:
+            continue
+    return out
+
+
+def fault_sigterm_after_config(root: Path) -> dict:
+    """SIGTERM as soon as config.yaml exists (SFT ahead); the resume must lose nothing."""
+    run_dir = root / "sig_config"
+    args = ["train", *[a for a in TINY if not a.startswith("sft.")], "sft.steps=20",
+            "run.steps=2", f"run.runs_dir={root}", "run.name=sig_config", "eval.samples=1"]
+    proc = start(args)
+    while not (run_dir / "config.yaml").exists() and proc.poll() is None:
+        time.sleep(0.02)
+    t0 = time.perf_counter()
+    code, _, err = send(proc, signal.SIGTERM)
+    exit_s = time.perf_counter() - t0
+    resumed = run(["train", str(run_dir), "-q"])
+    rows, phases = rl_steps(run_dir), _phases(run_dir)
+    lost = sum(abs(rows.count(s) - 1) for s in (1, 2)) + abs(phases.count("eval_before") - 1)
+    ok = (code == 143 and len(_one_stop_line(err)) == 1 and "Traceback" not in err
+          and resumed.returncode == 0 and lost == 0)
+    return {"kind": "SIGTERM right after config.yaml", "ok": ok, "data_lost": lost,
+            "exit_s": round(exit_s, 1),
+            "note": f"exit {code}; resumed: rl rows {rows}, eval_before x{phases.count('eval_before')}"}
+
+
+def fault_sigint_in_resume(root: Path) -> dict:
+    """SIGINT 0.3 s and 2 s into a resume (`python -m agentax`: imports, start-up)."""
+    run_dir = root / "sig_resume"
+    first = run(_args(root, run_dir.name, 2, 1))
+    codes, lines_ok, worst = [], True, 0.0
+    for delay in (0.3, 2.0):
+        proc = start(["train", str(run_dir), "run.steps=40"], entry=True)
+        time.sleep(delay)
+        t0 = time.perf_counter()
+        code, _, err = send(proc, signal.SIGINT)
+        worst = max(worst, time.perf_counter() - t0)
+        codes.append(code)
+        lines_ok &= "Traceback" not in err and len(
+            [x for x in error_lines(err) if "interrupted" in x]) == 1
+    rows = rl_steps(run_dir)
+    lost = sum(abs(rows.count(s) - 1) for s in (1, 2))
+    ok = first.returncode == 0 and codes == [130, 130] and lines_ok and lost == 0
+    return {"kind": "SIGINT in the first seconds of a resume", "ok": ok, "data_lost": lost,
+            "exit_s": round(worst, 1), "note": f"exits {codes}; rl rows {rows[:4]}"}
+
+
+def fault_sigterm_blocked(root: Path) -> dict:
+    """SIGTERM while user code blocks the event loop for good."""
+    run_dir = root / "sig_blocked"
+    proc = start([*_args(root, run_dir.name, 40, 0), *user_fault("blocks_the_loop"),
+                  "pipeline.loop_block_limit_s=600"])
+    while not (run_dir / "trace.perfetto-trace").exists() and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(3.0)
+    t0 = time.perf_counter()
+    code, _, err = send(proc, signal.SIGTERM)
+    exit_s = time.perf_counter() - t0
+    ok = code == 143 and len(_one_stop_line(err)) == 1 and "Traceback" not in err
+    return {"kind": "SIGTERM while user code blocks the loop", "ok": ok, "data_lost": 0,
+            "exit_s": round(exit_s, 1), "note": f"exit {code} {exit_s:.1f} s after the signal"}
+
+
+def fault_disk_full(root: Path, mid_save: bool) -> dict | None:
+    """A 6 MiB tmpfs: room for one checkpoint; the run must stop with one line and resume
+    once there is room. None where no tmpfs can be mounted."""
+    import subprocess
+
+    mnt = root / ("disk_mid" if mid_save else "disk")
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        return None
+    try:
+        run_dir = mnt / "d"
+        t0 = time.perf_counter()
+        result = run(_args(mnt, "d", 8, 1), fault="no_space_check" if mid_save else "")
+        wall = time.perf_counter() - t0
+        lines = _one_stop_line(result.stderr)
+        saved = checkpoint_dirs(run_dir)
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        resumed = run(["train", str(run_dir), "-q"])
+        rows = rl_steps(run_dir)
+        lost = sum(abs(rows.count(s) - 1) for s in range(1, 9))
+        ok = (result.returncode == 1 and len(lines) == 1 and "no space" in lines[0]
+              and "Traceback" not in result.stderr and all(d.startswith("step_") for d in saved)
+              and resumed.returncode == 0 and lost == 0 and wall <= 60)
+        return {"kind": "disk full " + ("mid-write" if mid_save else "(checked before)"),
+                "ok": ok, "data_lost": lost, "exit_s": round(wall, 1),
+                "note": f"left {saved}; resumed to {rows[-1] if rows else 0}"}
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 _FORK_AND_HOLD = """
@@ -245,7 +383,25 @@ def main() -> None:
                                    fault="env_raises"),
                        fault_stops(root, "engine thread dies", "engine", fault="engine_dies"),
                        fault_stops(root, "every model call times out", "timeout",
-                                   overrides=["collector.model_timeout_s=0.001"])]
+                                   overrides=["collector.model_timeout_s=0.001"]),
+                       fault_user_code(root, "env factory raises in every episode",
+                                       "factory_raises"),
+                       fault_user_code(root, "sync env steps hang for good",
+                                       "sync_step_hangs"),
+                       fault_user_code(root, "env swallows CancelledError", "swallows_cancel"),
+                       fault_user_code(root, "time.sleep for good in an async env",
+                                       "blocks_the_loop", resumable=False),
+                       fault_user_code(root, "every group filtered out (equal rewards)",
+                                       "constant_reward", "pipeline.filters=[all_equal_rewards]",
+                                       "pipeline.max_dropped_episodes=256"),
+                       fault_sigterm_after_config(root), fault_sigint_in_resume(root),
+                       fault_sigterm_blocked(root)]
+            for mid in (False, True):
+                disk = fault_disk_full(root, mid)
+                if disk is not None:
+                    faults.append(disk)
+                else:
+                    print("disk-full cases skipped: no tmpfs can be mounted here")
         bad = try_bad_inputs(root, in_process=opts.quick)
     attacks = sandbox_attacks()
 
@@ -272,6 +428,7 @@ def main() -> None:
         "bad_inputs_tried": len(bad),
         "bad_inputs_one_line": sum(b["one_line"] for b in bad),
         "data_lost": sum(f["data_lost"] for f in faults),
+        "max_exit_s": max((f["exit_s"] for f in faults if "exit_s" in f), default=None),
         "wall_s": round(time.perf_counter() - t0, 1),
         "quick": opts.quick,
     }

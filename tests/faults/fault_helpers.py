@@ -17,6 +17,15 @@ from pathlib import Path
 import agentax
 
 SRC = Path(agentax.__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+USER_CODE = ("agent.factory=tests.faults.faulty_user_code:agent",
+             "tasks.factory=tests.faults.faulty_user_code:tasks")
+"""With `env.factory=tests.faults.faulty_user_code:<fault>`: the whole run is that code's."""
+
+
+def user_fault(name: str) -> tuple[str, ...]:
+    """Overrides that run the faulty environment `name` of tests/faults/faulty_user_code.py."""
+    return (f"env.factory=tests.faults.faulty_user_code:{name}", *USER_CODE)
 
 TINY = (
     "sft.steps=0", "tasks.num_train=64", "tasks.num_eval=2",
@@ -61,6 +70,9 @@ if fault == "env_raises":  # every episode's environment fails to reset
     async def _reset(self, task):
         raise RuntimeError("injected: reset always fails")
     ToolEnvironment._reset = _reset
+elif fault == "no_space_check":  # saves find a full disk while writing, not before
+    from agentax.train import _checkpoint as ck
+    ck.check_space = lambda directory, need: None
 elif fault == "engine_dies":  # the engine's step thread dies at its first decode
     from agentax.engine import Engine
     def _decode(self, *args, **kwargs):
@@ -73,7 +85,9 @@ sys.exit(main(sys.argv[1:]))
 
 def env(kill_at: str = "", fault: str = "") -> dict[str, str]:
     out = dict(os.environ)
-    out["PYTHONPATH"] = os.pathsep.join([str(SRC), out.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # The repository root too: tests.faults.faulty_user_code is the children's user code.
+    out["PYTHONPATH"] = os.pathsep.join([str(SRC), str(ROOT), out.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)
     out["JAX_PLATFORMS"] = "cpu"
     out.pop("AGENTAX_TEST_KILL_AT", None)
     out.pop("AGENTAX_TEST_FAULT", None)
@@ -84,9 +98,12 @@ def env(kill_at: str = "", fault: str = "") -> dict[str, str]:
     return out
 
 
-def start(args, *, kill_at: str = "", fault: str = "", cwd=None) -> subprocess.Popen:
-    """Starts `agentax ARGS` (output captured as text)."""
-    return subprocess.Popen([sys.executable, "-c", _LAUNCHER, *args], env=env(kill_at, fault),
+def start(args, *, kill_at: str = "", fault: str = "", cwd=None,
+          entry: bool = False) -> subprocess.Popen:
+    """Starts `agentax ARGS` (output captured as text); `entry=True` runs the real command
+    (`python -m agentax`: its start-up signal handling included) instead of the launcher."""
+    head = ["-m", "agentax"] if entry else ["-c", _LAUNCHER]
+    return subprocess.Popen([sys.executable, *head, *args], env=env(kill_at, fault),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
 
 
@@ -195,6 +212,26 @@ def bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     broken = tmp / "broken.yaml"
     broken.write_text("run: [steps: 3\n")
     cases.append(("invalid YAML", ["train", str(broken)], "not valid YAML"))
+
+    # Issue 44 F8-F11: every float finite, aliases bounded, sections typed, files named.
+    nan_kw = tmp / "nan_kwargs.yaml"
+    nan_kw.write_text("trainer:\n  advantage_kwargs: {eps: .nan}\n")
+    cases.append(("NaN inside advantage_kwargs", ["train", str(nan_kw)],
+                  "trainer.advantage_kwargs.eps: nan is not a finite number"))
+    laughs = tmp / "laughs.yaml"
+    laughs.write_text("env:\n  kwargs:\n    l0: &l0 [lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)))
+    cases.append(("YAML billion laughs", ["train", str(laughs)], "anchors/aliases expand"))
+    scalar = tmp / "scalar.yaml"
+    scalar.write_text("run: 5\n")
+    cases.append(("scalar for a section", ["train", str(scalar), "run.steps=3"],
+                  "section 'run' is 5, not a mapping"))
+    latin1 = tmp / "latin1.yaml"
+    latin1.write_bytes(b"run:\n  name: caf\xe9\n")
+    cases.append(("non-UTF-8 YAML", ["train", str(latin1)], "latin1.yaml:2: not UTF-8"))
+    bad_data = tmp / "demos.jsonl"
+    bad_data.write_bytes(b'{"messages": []}\n\n{"messages": [\n')
+    cases.append(("bad sft.data line", ["sft", f"sft.data={bad_data}"], "demos.jsonl:3: not JSON"))
 
     cfg = RunConfig()
     hf = tmp / "hf"

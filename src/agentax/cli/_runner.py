@@ -71,7 +71,8 @@ class Reporter:
 
         self.cfg, self.run_dir = cfg, run_dir
         self.t0 = time.perf_counter()
-        self.console = Console(stderr=True, quiet=quiet, highlight=False)
+        # soft_wrap: a long line (a run directory, an error) stays one line in a log file
+        self.console = Console(stderr=True, quiet=quiet, highlight=False, soft_wrap=True)
         self.metrics = MetricsLogger(run_dir, tensorboard=cfg.tracing.tensorboard)
         self.tracer = get_tracer()
         if cfg.tracing.enabled:

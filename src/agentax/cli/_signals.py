@@ -101,6 +101,7 @@ class StopGuard:
         self.signum: int | None = None
         self.acknowledged = threading.Event()
         self._saving = 0
+        self._deferred = False  # a signal came during `saving()`
         self._lock = threading.Lock()
         self._busy = False
         self._unlogged = 0
@@ -134,7 +135,8 @@ class StopGuard:
         loop = self._loop
         if loop is None or loop.is_closed():
             if self._saving:
-                return  # `saving()` raises once the checkpoint is complete
+                self._deferred = True  # `saving()` raises once the checkpoint is complete
+                return
             raise Interrupted(signum)
         loop.call_soon_threadsafe(self._on_signal)
 
@@ -163,7 +165,8 @@ class StopGuard:
             yield
         finally:
             self._saving -= 1
-        if self.signum is not None and self._loop is None and not self._saving:
+        if self._deferred and not self._saving:
+            self._deferred = False
             raise Interrupted(self.signum)
 
     def _on_signal(self) -> None:

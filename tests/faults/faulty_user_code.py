@@ -1,0 +1,85 @@
+"""User code that breaks in the ways issue 44 lists, for real `agentax train` processes.
+
+Used as `env.factory=tests.faults.faulty_user_code:<name>` (with `agent.factory=...:agent`
+and `tasks.factory=...:tasks`) by tests/faults/test_user_code_faults.py and
+benchmarks/faults.py; the child process gets the repository root on its PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import random
+import threading
+import time
+
+from agentax.recipes.calculator import CalculatorEnvironment, make_agent, make_env
+from agentax.recipes.calculator import tasks as tasks  # noqa: PLC0414 - re-exported for configs
+
+_calls = itertools.count()
+
+
+def agent(**kwargs):
+    return make_agent(**kwargs)
+
+
+def factory_raises(rate: float = 1.0, **kwargs):
+    """Passes the start-up check (the first call), then raises for `rate` of the episodes."""
+    if next(_calls) > 0 and random.random() < rate:
+        raise RuntimeError("injected: the environment factory failed")
+    return make_env(**kwargs)
+
+
+class _SyncHangs:
+    """A synchronous environment whose every step hangs for good."""
+
+    step_timeout_s = 0.5
+
+    def __init__(self):
+        self.inner = make_env()
+
+    def reset(self, task):
+        return asyncio.run(self.inner.reset(task))
+
+    def step(self, action):
+        threading.Event().wait()
+
+
+def sync_step_hangs(**kwargs):
+    return _SyncHangs()
+
+
+class _SwallowsCancel(CalculatorEnvironment):
+    step_timeout_s = 0.5
+
+    async def _step(self, action):
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # the bug: cancellation is swallowed
+
+
+def swallows_cancel(**kwargs):
+    return _SwallowsCancel(**kwargs)
+
+
+class _BlocksTheLoop(CalculatorEnvironment):
+    async def _step(self, action):
+        time.sleep(3600)  # the bug: a blocking call inside an async method
+
+
+def blocks_the_loop(**kwargs):
+    return _BlocksTheLoop(**kwargs)
+
+
+class _ConstantReward(CalculatorEnvironment):
+    async def _step(self, action):
+        result = await super()._step(action)
+        return dataclasses.replace(result, reward=0.0, done=True)
+
+
+def constant_reward(**kwargs):
+    """Every episode gets reward 0: every group is dropped by `all_equal_rewards`."""
+    return _ConstantReward(**kwargs)
