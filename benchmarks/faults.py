@@ -283,7 +283,9 @@ def fault_disk_full(root: Path, mid_save: bool) -> dict | None:
               and resumed.returncode == 0 and lost == 0 and wall <= 60)
         return {"kind": "disk full " + ("mid-write" if mid_save else "(checked before)"),
                 "ok": ok, "data_lost": lost, "exit_s": round(wall, 1),
-                "note": f"left {saved}; resumed to {rows[-1] if rows else 0}"}
+                "note": f"exit {result.returncode} after {wall:.0f} s, {len(lines)} line(s), "
+                        f"left {saved}; resumed to {rows[-1] if rows else 0}"
+                        + ("" if ok else f"; stderr: {result.stderr.strip()[-300:]}")}
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 

@@ -47,18 +47,24 @@ def _early_signal(signum: int, frame: object) -> None:
 
 
 def main() -> int:
+    import signal
+
+    signals = {signal.SIGINT, signal.SIGTERM}
     env = _huge_page_env()
     if env is not None:
+        # Blocked across the exec (a signal mask survives it, handlers do not): a signal in
+        # the new interpreter's first milliseconds waits for the handler below instead of
+        # meeting Python's default (a KeyboardInterrupt traceback, or death by SIGTERM).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         try:
             os.execve(sys.executable, sys.orig_argv, env)
         except (OSError, ValueError):  # no executable to re-run, or no argv to re-run it with
-            pass  # run as we are
-    import signal
-
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # run as we are
     # Until a command installs its own handlers (train: `StopGuard`), a signal ends the
     # process at once with one line: the imports take seconds and nothing is written yet.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in signals:
         signal.signal(sig, _early_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
     from agentax.cli import main as cli_main
 
     code = cli_main()

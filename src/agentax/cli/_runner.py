@@ -52,7 +52,7 @@ from agentax.cli._rundir import (
 )
 from agentax.cli._signals import Interrupted, StopGuard, hard_exit
 from agentax.config import replace
-from agentax.train._checkpoint import check_space, checkpoint_bytes
+from agentax.train import check_space, checkpoint_bytes
 from agentax.pipeline import RunFailed
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector

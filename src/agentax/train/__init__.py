@@ -7,6 +7,8 @@ Feed `RLTrainer.step(groups)` complete `records.Group`s; publish `params_for_eng
 from agentax.train._checkpoint import (
     DamagedCheckpointError,
     DiskFullError,
+    check_space,
+    checkpoint_bytes,
     checkpoint_steps,
     latest_checkpoint_step,
     read_checkpoint_meta,
@@ -21,6 +23,8 @@ from agentax.train._step import NonFiniteUpdateError
 __all__ = [
     "DamagedCheckpointError",
     "DiskFullError",
+    "check_space",
+    "checkpoint_bytes",
     "DEFAULT_PARTITION_RULES",
     "LoRAConfig",
     "NonFiniteUpdateError",

@@ -37,7 +37,8 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-__all__ = ["DamagedCheckpointError", "DiskFullError", "checkpoint_bytes", "checkpoint_steps", "latest_checkpoint_step",
+__all__ = ["DamagedCheckpointError", "DiskFullError", "check_space", "checkpoint_bytes",
+           "checkpoint_steps", "latest_checkpoint_step",
            "read_checkpoint_meta", "restore_trainer_checkpoint", "save_trainer_checkpoint"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
