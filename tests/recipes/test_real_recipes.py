@@ -33,7 +33,7 @@ ENV_OF_RECIPE = {  # recipe name prefix -> the environment factory it must name
     "calculator": "agentax.recipes.calculator:make_env", "gsm8k": "agentax.envs:TaskEnvironment",
     "math_tool": "agentax.recipes.math:make_tool_env", "math": "agentax.envs:TaskEnvironment",
     "frozen_lake": "agentax.recipes.frozen_lake:make_env", "bash": "agentax.recipes.bash:make_env",
-    "swe_tiny": "agentax.recipes.swe_tiny:make_env",
+    "swe_tiny": "agentax.recipes.swe_tiny:make_env", "mcp_tools": "agentax.recipes.mcp_tools:make_env",
     "openai_calculator": "agentax.recipes.openai_calculator:make_env",
 }
 

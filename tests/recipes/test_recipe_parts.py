@@ -13,7 +13,7 @@ from agentax.recipes import RECIPES, recipe_path
 from agentax.records import Action
 from agentax.tools import SandboxUnavailableError, check_sandbox_available
 
-TINY = ("bash", "calculator", "frozen_lake", "math", "swe_tiny")
+TINY = ("bash", "calculator", "frozen_lake", "math", "mcp_tools", "swe_tiny")
 
 
 def _sandbox():

@@ -17,6 +17,7 @@ from typing import Any
 from agentax.agents._base import Agent
 from agentax.records import Action, Message
 from agentax.text import get_tool_parser, parse_tool_calls
+from agentax.tools import mcp_tools_sync
 
 __all__ = ["ToolAgent", "tool_schemas"]
 
@@ -48,6 +49,9 @@ class ToolAgent(Agent):
 
     Args:
       tools: a `ToolRegistry`, a list of `Tool`s, or OpenAI function schema dicts.
+      mcp_servers: MCP servers whose tools are offered too, after `tools` (the same list as
+        the environment's `mcp_servers`; see `agentax.tools.mcp_tools_sync`: a server is
+        listed once per process, its schemas as it gives them).
       tool_format: parser name for `agentax.text.parse_tool_calls` ("hermes" or "llama3").
       system_prompt: system message (the template adds the tool list to it).
     """
@@ -57,9 +61,12 @@ class ToolAgent(Agent):
         "reply with the answer alone and no tool call."
     )
 
-    def __init__(self, tools: Any, *, tool_format: str = "hermes", system_prompt: str | None = None) -> None:
+    def __init__(self, tools: Any = None, *, mcp_servers: Any = None, tool_format: str = "hermes",
+                 system_prompt: str | None = None) -> None:
         super().__init__(system_prompt=system_prompt)
         self._schemas = tool_schemas(tools)
+        if mcp_servers:
+            self._schemas += [t.schema() for t in mcp_tools_sync(mcp_servers)]
         if not self._schemas:
             raise ValueError("ToolAgent needs at least one tool; use ModelAgent for plain chat")
         self.tool_names = frozenset(s["function"]["name"] for s in self._schemas)

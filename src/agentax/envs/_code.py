@@ -113,3 +113,4 @@ class CodeEnvironment(ToolEnvironment):
 
     async def _close(self) -> None:
         self._drop_sandbox()
+        await super()._close()  # an MCP server session of this environment's own, if any

@@ -9,6 +9,11 @@ model can read, and are counted in `StepResult.info` and in `tool_stats`.
 
 Subclasses can build tools per episode (`_make_tools`, e.g. a fresh sandbox) and score with
 episode state (`_score`); `CodeEnvironment` and `SWEEnvironment` do both.
+
+`mcp_servers` adds the tools of MCP servers (`agentax.tools.mcp_tools`): listed at each reset
+through the worker's shared connection to each server (started on first use, restarted when
+it dies), after any server's `reset_tool` has run; a server with `per_episode: true` gets a
+session of this environment's own, closed with it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from typing import Any
 from agentax.envs._base import Environment
 from agentax.envs._reward import RewardFn, check_reward_fn, traced_reward
 from agentax.records import Action, Observation, StepResult, Task, ToolCall, ToolResult
-from agentax.tools import Tool, ToolRegistry, truncate_output
+from agentax.tools import (
+    MCPConnection,
+    Tool,
+    ToolRegistry,
+    mcp_connection,
+    mcp_server_specs,
+    mcp_tools,
+    truncate_output,
+)
 from agentax.trace import get_tracer, names
 
 __all__ = ["ToolEnvironment"]
@@ -51,6 +64,10 @@ class ToolEnvironment(Environment):
         on a call that ignores its timeout.
       prompt_fn: builds the first user message from the task; default `task.prompt`.
       reward_timeout_s: limit of one reward call.
+      mcp_servers: MCP servers whose tools are offered next to `tools`, as mappings
+        (`[{command: python, args: [-m, my_server]}]` for stdio, `[{url: http://...}]` for
+        streamable HTTP; every field in `agentax.tools.MCPServerSpec`). A bad entry is a
+        ValueError naming the field (`mcp_servers[0].args must be a list of strings`).
       **limits: `reset_timeout_s`, `step_timeout_s` (see `Environment`).
     """
 
@@ -59,7 +76,7 @@ class ToolEnvironment(Environment):
 
     def __init__(
         self,
-        tools: ToolRegistry | Sequence[Tool] | None,
+        tools: ToolRegistry | Sequence[Tool] | None = None,
         reward_fn: RewardFn | str | None = None,
         *,
         max_calls_per_turn: int = 8,
@@ -67,12 +84,17 @@ class ToolEnvironment(Environment):
         call_grace_s: float = 5.0,
         prompt_fn: Callable[[Task], str] | None = None,
         reward_timeout_s: float | None = 60.0,
+        mcp_servers: Sequence[Any] | None = None,
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         self.registry = as_registry(tools)
+        self.mcp_servers = mcp_server_specs(mcp_servers)
+        """The MCP servers whose tools this environment offers (checked specs)."""
+        self._native_registry = self.registry
+        self._own_mcp: dict[str, MCPConnection] = {}
         self.reward_fn = None if reward_fn is None else check_reward_fn(reward_fn)
         self.max_calls_per_turn = max_calls_per_turn
         self.max_output_chars = max_output_chars
@@ -105,8 +127,26 @@ class ToolEnvironment(Environment):
         made = await self._make_tools(task)
         if made is not None:
             self.registry = made
+        if self.mcp_servers:
+            await self._add_mcp_tools(made)
         prompt = self.prompt_fn(task) if self.prompt_fn is not None else task.prompt
         return Observation(content=prompt, info={"tools": list(self.registry.names)})
+
+    async def _add_mcp_tools(self, made: ToolRegistry | None) -> None:
+        """Runs each MCP server's reset hook and offers its tools after this episode's own."""
+        base = made if made is not None else self._native_registry
+        for spec in self.mcp_servers:
+            if spec.per_episode and spec.key not in self._own_mcp:
+                self._own_mcp[spec.key] = MCPConnection(spec)
+            conn = self._own_mcp.get(spec.key) or mcp_connection(spec)
+            await conn.reset(spec)
+        listed = await mcp_tools(self.mcp_servers, connections=self._own_mcp)
+        self.registry = ToolRegistry([*(base.get(n) for n in base.names), *listed])
+
+    async def _close(self) -> None:
+        own, self._own_mcp = self._own_mcp, {}
+        for conn in own.values():
+            await conn.close()
 
     async def _step(self, action: Action) -> StepResult:
         if not action.tool_calls and not action.parse_errors:

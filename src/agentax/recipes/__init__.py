@@ -4,7 +4,8 @@
   (`agentax train NAME`; see docs/recipes.md).
 * Modules named in those YAML files, each a user's-eye example of `env.factory`,
   `agent.factory`, `tasks.factory` and `sft.demos`: `agentax.recipes.calculator` (the embedded
-  CPU demo), `.math`, `.frozen_lake`, `.bash`, `.swe_tiny`.
+  CPU demo), `.math`, `.frozen_lake`, `.bash`, `.swe_tiny`, `.mcp_tools` (a tool of a real MCP
+  server, `agentax.recipes._mcp_server`).
 * `load_tasks(path)` (JSONL / Parquet tasks), `load_demos_jsonl(path)` (chat demonstrations),
   and the calculator task's `calculator_tasks`, `calculator_demos`, `calculator_reward`.
 """

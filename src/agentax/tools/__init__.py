@@ -1,11 +1,21 @@
-"""Tools a model can call: typed-function tools, a registry, a safe calculator, and a confined
-code sandbox (python/bash, repository helpers) built on Linux namespaces via bubblewrap.
+"""Tools a model can call: typed-function tools, a registry, a safe calculator, a confined
+code sandbox (python/bash, repository helpers) built on Linux namespaces via bubblewrap, and
+the tools of MCP servers (stdio subprocesses or streamable HTTP).
 
 Every `Tool.call` is bounded by a timeout and never raises into the caller: failures come back
 as `ToolResult(ok=False, error=<kind>, content=<message for the model>)`.
 """
 
 from agentax.tools._calculator import calculator
+from agentax.tools._mcp import (
+    MCPConnection,
+    MCPServerSpec,
+    MCPUnavailableError,
+    mcp_connection,
+    mcp_server_specs,
+    mcp_tools,
+    mcp_tools_sync,
+)
 from agentax.tools._registry import ToolRegistry
 from agentax.tools._sandbox import (
     Sandbox,
@@ -19,6 +29,9 @@ from agentax.tools._sandbox_tools import bash_tool, python_tool, repo_tools
 from agentax.tools._tool import Tool, tool, truncate_output
 
 __all__ = [
+    "MCPConnection",
+    "MCPServerSpec",
+    "MCPUnavailableError",
     "Sandbox",
     "SandboxConfig",
     "SandboxPathError",
@@ -29,6 +42,10 @@ __all__ = [
     "bash_tool",
     "calculator",
     "check_sandbox_available",
+    "mcp_connection",
+    "mcp_server_specs",
+    "mcp_tools",
+    "mcp_tools_sync",
     "python_tool",
     "repo_tools",
     "tool",

@@ -1,0 +1,765 @@
+"""MCP servers as tools: the tools of any Model Context Protocol server, called like native ones.
+
+A server is named by a spec, the same mapping a config file gives (`env.kwargs.mcp_servers`):
+
+* `{command: python, args: [-m, my_server], env: {...}, cwd: ...}`: a stdio server, started as
+  a subprocess (`python` and `python3` run the interpreter agentax itself runs on);
+* `{url: http://host:port/mcp, headers: {...}}`: a streamable-HTTP server already running.
+
+Optional fields: `name` (how messages call it), `tools` (only these of its tools), `prefix`
+(prepended to each tool's name, to keep two servers' tools apart), `timeout_s` (one call),
+`connect_timeout_s` (start, handshake and listing), `max_output_chars`, `reset_tool` and
+`reset_arguments` (a tool called at each episode's reset, for stateful servers), and
+`per_episode: true` (a fresh server session for each environment, closed with it).
+
+`mcp_tools(specs)` lists each server's tools with their JSON schemas and returns them as
+agentax `Tool`s, so an agent offers them through the chat template's `tools` exactly like
+native ones; `mcp_tools_sync` does the same outside a coroutine (an agent factory). Calling one
+never raises into the episode: the server's text and structured content become the
+`ToolResult`'s content, a result flagged `isError` comes back with `ok=False, error="tool_error"`,
+a protocol error with `"protocol_error"`, no answer within `timeout_s` with `"timeout"`, a
+server that died with `"server_died"` (the next call starts it again) and one that cannot be
+reached with `"unavailable"`.
+
+One connection per server spec and event loop (`mcp_connection(spec)`) is shared by every
+environment on that loop and reused across episodes: a stdio server is one process per
+environment worker, not one per episode. The MCP SDK is built on anyio task groups, which must
+be entered and left by one task, so each connection runs its session in one long-lived
+background task that owns the SDK's `async with` contexts; calls reach it through a queue and
+come back as futures, each run (with its timeout) inside that task's own task group. The task,
+and the server process with it, ends when the loop's tasks are cancelled at its end
+(`asyncio.run`, `Pipeline.run`) or at `close()`.
+
+Needs the `mcp` package (`pip install 'agentax[mcp]'`), imported only when a server is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentax.records import ToolResult
+from agentax.tools._tool import DEFAULT_MAX_OUTPUT_CHARS, Tool
+
+__all__ = [
+    "MCPConnection",
+    "MCPServerSpec",
+    "MCPUnavailableError",
+    "mcp_connection",
+    "mcp_server_specs",
+    "mcp_tools",
+    "mcp_tools_sync",
+]
+
+_FIELDS = ("command", "args", "env", "cwd", "url", "headers", "name", "tools", "prefix",
+           "timeout_s", "connect_timeout_s", "max_output_chars", "reset_tool", "reset_arguments",
+           "per_episode")
+_TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+_STDERR_TAIL = 600  # characters of a stdio server's stderr quoted when it fails
+
+
+class MCPUnavailableError(RuntimeError):
+    """An MCP server could not be started, reached or listed (the message says why)."""
+
+
+def _require_mcp() -> None:
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise ImportError("MCP servers need the `mcp` package (version 2): pip install "
+                          "'agentax[mcp]'") from None
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MCPServerSpec:
+    """One MCP server, as a config names it (`mcp_server_specs` builds these from mappings).
+
+    Exactly one of `command` (a stdio subprocess) and `url` (streamable HTTP) is set.
+    Mappings are kept as sorted (key, value) pairs so that a spec is hashable.
+    """
+
+    command: str | None = None
+    """Program of a stdio server; `python` / `python3` mean `sys.executable`."""
+    args: tuple[str, ...] = ()
+    """Its arguments."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables of the subprocess. It also gets the MCP SDK's safe defaults
+    (HOME, PATH, USER, ...) and PYTHONPATH when set, not the rest of agentax's environment."""
+    cwd: str | None = None
+    """Working directory of the subprocess."""
+    url: str | None = None
+    """Endpoint of a streamable-HTTP server (`http://host:port/mcp`)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """HTTP headers sent with every request (e.g. Authorization)."""
+    name: str = ""
+    """Name used in messages; default: the command's or the URL's."""
+    tools: tuple[str, ...] | None = None
+    """Only these of the server's tools (by their MCP names); None: all of them."""
+    prefix: str = ""
+    """Prepended to each tool's name as the model sees it."""
+    timeout_s: float = 30.0
+    """Wall-clock bound of one call."""
+    connect_timeout_s: float = 60.0
+    """Bound of starting the server, the protocol handshake and listing its tools."""
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    """Each result is cut to this many characters (head and tail kept)."""
+    reset_tool: str | None = None
+    """An MCP tool called at each episode's reset (a stateful server's own reset)."""
+    reset_arguments: str = "{}"
+    """Its arguments, as JSON text (a mapping in the config)."""
+    per_episode: bool = False
+    """A fresh session (for stdio: a fresh process) for each environment, closed with it,
+    instead of one shared by every environment of the worker."""
+
+    @property
+    def label(self) -> str:
+        """How messages name this server."""
+        if self.name:
+            return self.name
+        if self.url:
+            return self.url
+        return " ".join([os.path.basename(self.command or ""), *self.args])[:80]
+
+    @property
+    def key(self) -> str:
+        """What identifies the server process/session: the same key shares one connection."""
+        return json.dumps([self.command, list(self.args), list(self.env), self.cwd, self.url,
+                           list(self.headers)])
+
+    def stdio_command(self) -> str:
+        """The program to run (`python` resolved to this interpreter)."""
+        assert self.command is not None
+        return sys.executable if self.command in ("python", "python3") else self.command
+
+
+def _str_pairs(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a mapping of strings, got {type(value).__name__}")
+    out = []
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise ValueError(f"{where}.{k} must be a string, got {type(v).__name__}")
+        out.append((k, str(v)))
+    return tuple(sorted(out))
+
+
+def _positive(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"{where} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _one_spec(raw: Any, where: str) -> MCPServerSpec:
+    if isinstance(raw, MCPServerSpec):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be a mapping such as {{command: ..., args: [...]}} or "
+                         f"{{url: ...}}, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]} is not a field of an MCP server; the fields are "
+                         f"{', '.join(_FIELDS)}")
+    command, url = raw.get("command"), raw.get("url")
+    if (command is None) == (url is None):
+        raise ValueError(f"{where} needs exactly one of 'command' (a stdio server) and 'url' (a "
+                         "streamable-HTTP server)")
+    kw: dict[str, Any] = {}
+    if command is not None:
+        if not isinstance(command, str) or not command.strip():
+            raise ValueError(f"{where}.command must be a program name or path, got {command!r}")
+        args = raw.get("args", [])
+        if isinstance(args, str) or not isinstance(args, Sequence) or \
+                not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
+            raise ValueError(f"{where}.args must be a list of strings, got {args!r}")
+        kw.update(command=command, args=tuple(str(a) for a in args),
+                  env=_str_pairs(raw.get("env"), f"{where}.env"))
+        cwd = raw.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ValueError(f"{where}.cwd must be a directory path, got {cwd!r}")
+        kw["cwd"] = cwd
+        for field in ("url", "headers"):
+            if raw.get(field) is not None:
+                raise ValueError(f"{where}.{field} is for HTTP servers; a stdio server has 'command'")
+    else:
+        if not isinstance(url, str) or not re.match(r"https?://[^/\s]+", url):
+            raise ValueError(f"{where}.url must be an http:// or https:// URL, got {url!r}")
+        kw.update(url=url, headers=_str_pairs(raw.get("headers"), f"{where}.headers"))
+        for field in ("args", "env", "cwd"):
+            if raw.get(field) is not None:
+                raise ValueError(f"{where}.{field} is for stdio servers; an HTTP server has 'url'")
+    name = raw.get("name", "")
+    if not isinstance(name, str):
+        raise ValueError(f"{where}.name must be a string, got {name!r}")
+    tools = raw.get("tools")
+    if tools is not None:
+        if isinstance(tools, str) or not isinstance(tools, Sequence) or \
+                not all(isinstance(t, str) for t in tools) or not tools:
+            raise ValueError(f"{where}.tools must be a non-empty list of tool names, got {tools!r}")
+        tools = tuple(tools)
+    prefix = raw.get("prefix", "")
+    if not isinstance(prefix, str) or (prefix and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", prefix)):
+        raise ValueError(f"{where}.prefix must start with a letter or _ and hold only letters, "
+                         f"digits, _ . -, got {prefix!r}")
+    max_chars = raw.get("max_output_chars", DEFAULT_MAX_OUTPUT_CHARS)
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 64:
+        raise ValueError(f"{where}.max_output_chars must be an integer >= 64, got {max_chars!r}")
+    reset_tool = raw.get("reset_tool")
+    if reset_tool is not None and (not isinstance(reset_tool, str) or not reset_tool):
+        raise ValueError(f"{where}.reset_tool must be the name of one of the server's tools, "
+                         f"got {reset_tool!r}")
+    reset_args = raw.get("reset_arguments", {})
+    if not isinstance(reset_args, Mapping):
+        raise ValueError(f"{where}.reset_arguments must be a mapping, got {reset_args!r}")
+    if reset_args and reset_tool is None:
+        raise ValueError(f"{where}.reset_arguments is set but reset_tool is not")
+    per_episode = raw.get("per_episode", False)
+    if not isinstance(per_episode, bool):
+        raise ValueError(f"{where}.per_episode must be true or false, got {per_episode!r}")
+    return MCPServerSpec(
+        **kw, name=name, tools=tools, prefix=prefix,
+        timeout_s=_positive(raw.get("timeout_s", 30.0), f"{where}.timeout_s"),
+        connect_timeout_s=_positive(raw.get("connect_timeout_s", 60.0), f"{where}.connect_timeout_s"),
+        max_output_chars=max_chars, reset_tool=reset_tool,
+        reset_arguments=json.dumps(dict(reset_args), sort_keys=True), per_episode=per_episode)
+
+
+def mcp_server_specs(value: Any, *, field: str = "mcp_servers") -> tuple[MCPServerSpec, ...]:
+    """Checks a list of server mappings (or specs) and returns the specs.
+
+    Raises:
+      ValueError: one line naming the field at fault, e.g. `mcp_servers[0].args must be a list
+        of strings`.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, (Mapping, MCPServerSpec)):
+        value = [value]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{field} must be a list of servers such as [{{command: ..., args: "
+                         f"[...]}}] or [{{url: ...}}], got {type(value).__name__}")
+    return tuple(_one_spec(raw, f"{field}[{i}]") for i, raw in enumerate(value))
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def _content_text(block: Any) -> str:
+    kind = getattr(block, "type", "")
+    if kind == "text":
+        return block.text
+    if kind in ("image", "audio"):
+        return f"[{kind}: {block.mime_type}]"
+    if kind == "resource_link":
+        return f"[resource: {block.uri}]"
+    if kind == "resource":
+        res = block.resource
+        text = getattr(res, "text", None)
+        return text if text is not None else f"[resource: {res.uri} ({res.mime_type or 'binary'})]"
+    return f"[{kind or type(block).__name__}]"
+
+
+def result_text(result: Any) -> str:
+    """The text a model reads from an MCP `CallToolResult`: its content blocks (text as is,
+    others as a bracketed note), or its structured content as JSON when it has no text."""
+    text = "\n".join(_content_text(b) for b in (result.content or []))
+    if not text.strip() and result.structured_content is not None:
+        text = json.dumps(result.structured_content, ensure_ascii=False, default=str)
+    return text
+
+
+def _error_text(text: str) -> str:
+    return text if text.lower().startswith("error") else f"Error: {text}"
+
+
+# ----------------------------------------------------------------------------- one session
+
+
+class _Job:
+    __slots__ = ("name", "arguments", "timeout_s", "future", "scope")
+
+    def __init__(self, name: str, arguments: dict[str, Any], timeout_s: float,
+                 future: asyncio.Future) -> None:
+        self.name, self.arguments, self.timeout_s, self.future = name, arguments, timeout_s, future
+        self.scope: Any = None
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+_CLOSE = object()
+_STAT_OF = {"tool_error": "tool_errors", "protocol_error": "protocol_errors"}
+
+
+class _Session:
+    """One live MCP session, run by one background task that owns the SDK's contexts."""
+
+    def __init__(self, spec: MCPServerSpec) -> None:
+        loop = asyncio.get_running_loop()
+        self.spec = spec
+        self.jobs: asyncio.Queue = asyncio.Queue()
+        self.ready: asyncio.Future = loop.create_future()
+        self.dead = False
+        self.error = ""
+        self.listing: list[Any] = []
+        self.inflight: set[_Job] = set()
+        self.errlog = tempfile.TemporaryFile("w+") if spec.command else None
+        self.task = loop.create_task(self._run(), name=f"mcp:{spec.label}")
+
+    def stderr_tail(self) -> str:
+        if self.errlog is None or self.errlog.closed:
+            return ""
+        try:
+            self.errlog.flush()
+            self.errlog.seek(0)
+            text = self.errlog.read()[-_STDERR_TAIL:].strip()
+        except (OSError, ValueError):
+            return ""
+        return f"; its stderr ends: {text}" if text else ""
+
+    def _transport(self) -> tuple[Any, Any]:
+        """(the SDK transport, an HTTP client to close with it or None)."""
+        spec = self.spec
+        if spec.command:
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            env = dict(spec.env)
+            if "PYTHONPATH" in os.environ and "PYTHONPATH" not in env:
+                env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+            params = StdioServerParameters(command=spec.stdio_command(), args=list(spec.args),
+                                           env=env, cwd=spec.cwd)
+            return stdio_client(params, errlog=self.errlog), None
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = httpx2.AsyncClient(headers=dict(spec.headers),
+                                  timeout=httpx2.Timeout(30.0, read=300.0))
+        return streamable_http_client(spec.url, http_client=http), http
+
+    async def _run(self) -> None:
+        import anyio
+        from mcp import Client
+
+        try:
+            # No cancel scope may wrap the entering of these contexts alone (anyio requires a
+            # scope to be left by the task, in the order, it was entered): the connect timeout
+            # is the caller's wait for `ready`, which cancels this task when it runs out.
+            async with contextlib.AsyncExitStack() as stack:
+                transport, http = self._transport()
+                if http is not None:
+                    await stack.enter_async_context(http)
+                client = await stack.enter_async_context(Client(transport))
+                listing, cursor = [], None
+                for _ in range(100):
+                    page = await client.list_tools(cursor=cursor)
+                    listing += list(page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+                self.listing = listing
+                if not self.ready.done():
+                    self.ready.set_result(listing)
+                async with anyio.create_task_group() as tg:
+                    while True:
+                        job = await self.jobs.get()
+                        if job is _CLOSE:
+                            break
+                        tg.start_soon(self._call, client, job)
+                    tg.cancel_scope.cancel()
+        except BaseException as e:  # noqa: BLE001 - recorded; the callers see an error result
+            self.error = self.error or _describe(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            self.dead = True
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        error = MCPUnavailableError(
+            f"MCP server '{self.spec.label}' stopped: {self.error or 'closed'}{self.stderr_tail()}")
+        if not self.ready.done():
+            self.ready.set_exception(error)
+            self.ready.exception()  # retrieved: the connection reports it
+        while not self.jobs.empty():
+            job = self.jobs.get_nowait()
+            if job is not _CLOSE:
+                self.inflight.add(job)
+        for job in self.inflight:  # queued, or cancelled with the session's task group
+            if not job.future.done():
+                job.future.set_exception(error)
+                job.future.exception()  # retrieved even when its caller has gone
+        if self.errlog is not None:
+            self.errlog.close()
+
+    async def _call(self, client: Any, job: _Job) -> None:
+        import anyio
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        if job.future.done():  # the caller gave up before it started
+            return
+        self.inflight.add(job)
+        try:
+            with anyio.fail_after(job.timeout_s) as scope:  # TimeoutError at the deadline only
+                job.scope = scope
+                result = await client.call_tool(job.name, job.arguments)
+            if not job.future.done() and not scope.cancelled_caught:
+                job.future.set_result(result)
+        except MCPError as e:
+            if e.code == CONNECTION_CLOSED:
+                self._lost(f"connection closed ({e.message})")
+            if not job.future.done():
+                job.future.set_exception(e)
+        except TimeoutError as e:
+            if not job.future.done():
+                job.future.set_exception(e)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream,
+                ConnectionError, OSError) as e:
+            self._lost(_describe(e))
+            if not job.future.done():
+                job.future.set_exception(e)
+        except Exception as e:  # noqa: BLE001 - e.g. a result that fails the SDK's validation
+            if not job.future.done():
+                job.future.set_exception(e)
+        finally:
+            if job.future.done():
+                self.inflight.discard(job)
+
+    def _lost(self, why: str) -> None:
+        """The transport broke: stop taking calls and wind the session down."""
+        if not self.dead:
+            self.dead = True
+            self.error = why
+            self.jobs.put_nowait(_CLOSE)
+
+    def submit(self, name: str, arguments: dict[str, Any], timeout_s: float) -> _Job:
+        job = _Job(name, arguments, timeout_s, asyncio.get_running_loop().create_future())
+        if self.dead and self.task.done():  # wound down between the caller's check and now
+            job.future.set_exception(MCPUnavailableError(
+                f"MCP server '{self.spec.label}' stopped: {self.error or 'closed'}"))
+        else:
+            self.jobs.put_nowait(job)
+        return job
+
+    async def close(self) -> None:
+        if not self.task.done():
+            self.jobs.put_nowait(_CLOSE)
+            try:
+                await asyncio.wait_for(asyncio.shield(self.task), 10.0)
+            except (TimeoutError, asyncio.CancelledError):
+                self.task.cancel()
+            except Exception:  # noqa: BLE001 - already recorded in self.error
+                pass
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, BaseExceptionGroup):
+        inner = [x for x in e.exceptions if not isinstance(x, asyncio.CancelledError)]
+        if inner:
+            return _describe(inner[0])
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# ----------------------------------------------------------------------------- connection
+
+
+class MCPConnection:
+    """One MCP server's session on one event loop, restarted when it dies.
+
+    Shared (`mcp_connection(spec)`) by every environment of the loop, or private to one
+    (`per_episode`). `stats` counts starts, restarts (starts after the first), calls, and the
+    calls that ended in a tool error, a protocol error, a timeout or a lost server.
+    """
+
+    def __init__(self, spec: MCPServerSpec) -> None:
+        self.spec = spec
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("starts", "restarts", "calls", "tool_errors", "protocol_errors", "timeouts",
+             "server_died", "unavailable"), 0)
+        self._session: _Session | None = None
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether a session is up (a dead one is replaced at the next call)."""
+        s = self._session
+        return (s is not None and not s.dead and s.ready.done() and not s.ready.cancelled()
+                and s.ready.exception() is None)
+
+    async def _ensure(self) -> _Session:
+        s = self._session
+        if s is not None and not s.dead and s.ready.done():
+            return s
+        _require_mcp()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            s = self._session
+            if s is None or s.dead:
+                if s is not None:
+                    self.stats["restarts"] += 1
+                self.stats["starts"] += 1
+                s = self._session = _Session(self.spec)
+            try:
+                await asyncio.wait_for(asyncio.shield(s.ready), self.spec.connect_timeout_s)
+            except MCPUnavailableError:
+                raise
+            except TimeoutError:
+                s.error = "no answer within connect_timeout_s"
+                s.task.cancel()
+                raise MCPUnavailableError(
+                    f"MCP server '{self.spec.label}' did not answer within connect_timeout_s="
+                    f"{self.spec.connect_timeout_s:g}") from None
+            return s
+
+    async def list_tools(self) -> list[Any]:
+        """The server's tools (MCP `Tool` objects), starting it if needed.
+
+        Raises:
+          MCPUnavailableError: it cannot be started or reached (the message says why).
+        """
+        return list((await self._ensure()).listing)
+
+    async def call(self, name: str, arguments: Mapping[str, Any] | None = None, *,
+                   timeout_s: float | None = None) -> ToolResult:
+        """Calls the server's tool `name`; never raises (except for cancellation).
+
+        `ok=False` results carry `error`: "tool_error" (the server flagged its result as an
+        error), "protocol_error" (it refused the request: unknown tool, bad arguments...),
+        "timeout", "server_died" (the connection broke; the next call starts it again) or
+        "unavailable" (it cannot be started or reached).
+        """
+        t0 = time.monotonic()
+        timeout_s = self.spec.timeout_s if timeout_s is None else timeout_s
+        self.stats["calls"] += 1
+
+        def fail(kind: str, text: str) -> ToolResult:
+            self.stats[_STAT_OF.get(kind, kind)] += 1
+            return ToolResult(name=name, content=text, ok=False, error=kind,
+                              elapsed_s=time.monotonic() - t0)
+
+        try:
+            session = await self._ensure()
+        except (MCPUnavailableError, ImportError) as e:
+            return fail("unavailable", f"Error: the tool's server is unavailable: {e}")
+        from mcp import MCPError
+
+        job = session.submit(name, dict(arguments or {}), timeout_s)
+        try:
+            # The session enforces timeout_s itself; this margin only guards against a session
+            # that stopped answering altogether.
+            async with asyncio.timeout(timeout_s + 5.0):
+                result = await job.future
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        except TimeoutError:
+            job.cancel()
+            self.stats["timeouts"] += 1
+            return ToolResult(name=name, ok=False, error="timeout", elapsed_s=time.monotonic() - t0,
+                              content=f"Error: tool '{name}' gave no answer within {timeout_s:g} s")
+        except MCPError as e:
+            if session.dead:
+                return fail("server_died", f"Error: the tool's server stopped during the call "
+                                           f"({e.message}); it is restarted at the next call")
+            return fail("protocol_error", f"Error: the server refused the call: {e.message}")
+        except MCPUnavailableError as e:
+            return fail("server_died", f"Error: {e}; it is restarted at the next call")
+        except Exception as e:  # noqa: BLE001 - transport failures and invalid results
+            if session.dead:
+                return fail("server_died", f"Error: the tool's server stopped during the call "
+                                           f"({_describe(e)}); it is restarted at the next call")
+            return fail("protocol_error", f"Error: the server's answer was invalid: {_describe(e)}")
+        text = result_text(result)
+        if result.is_error:
+            return fail("tool_error", _error_text(text or "the tool reported an error"))
+        return ToolResult(name=name, content=text, elapsed_s=time.monotonic() - t0)
+
+    async def reset(self, spec: MCPServerSpec | None = None) -> None:
+        """Runs the `reset_tool` of `spec` (default: this connection's), if it names one.
+
+        Raises:
+          RuntimeError: the reset call failed (its result's message).
+        """
+        spec = spec or self.spec
+        if spec.reset_tool is None:
+            return
+        result = await self.call(spec.reset_tool, json.loads(spec.reset_arguments),
+                                 timeout_s=spec.timeout_s)
+        if not result.ok:
+            raise RuntimeError(f"MCP server '{spec.label}': reset_tool '{spec.reset_tool}' "
+                               f"failed: {result.content}")
+
+    async def close(self) -> None:
+        """Ends the session (and a stdio server's process)."""
+        s, self._session = self._session, None
+        if s is not None:
+            await s.close()
+
+
+_CONNECTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""{event loop: {spec.key: MCPConnection}}: each loop's shared connections."""
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def mcp_connection(spec: MCPServerSpec | Mapping[str, Any]) -> MCPConnection:
+    """The running event loop's shared connection to `spec`'s server (made on first use).
+
+    Every environment of the loop (one environment worker) that names the same server (same
+    command, args, env, cwd or URL and headers) shares one session and, for stdio, one process;
+    the first spec's `connect_timeout_s` applies to it, each tool's own `timeout_s` to its calls.
+    """
+    spec = _one_spec(spec, "mcp_server")
+    loop = asyncio.get_running_loop()
+    with _CONNECTIONS_LOCK:
+        per_loop = _CONNECTIONS.get(loop)
+        if per_loop is None:
+            per_loop = _CONNECTIONS[loop] = {}
+        conn = per_loop.get(spec.key)
+        if conn is None:
+            conn = per_loop[spec.key] = MCPConnection(spec)
+    return conn
+
+
+# ----------------------------------------------------------------------------- tools
+
+_LISTINGS: dict[str, list[dict[str, Any]]] = {}
+"""{spec.key: [{name, description, input_schema}]}: the last listing of each server seen in
+this process, so that agent factories (sync, once per episode) list a server only once."""
+_LISTINGS_LOCK = threading.Lock()
+
+
+def _summaries(listing: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "description": t.description or t.title or "",
+             "input_schema": dict(t.input_schema or {})} for t in listing]
+
+
+def _caller(spec: MCPServerSpec, name: str, connection: MCPConnection | None):
+    async def call(**arguments: Any) -> ToolResult:
+        conn = connection if connection is not None else mcp_connection(spec)
+        return await conn.call(name, arguments, timeout_s=spec.timeout_s)
+
+    return call
+
+
+def _as_tools(spec: MCPServerSpec, listing: Sequence[Mapping[str, Any]],
+              connection: MCPConnection | None) -> list[Tool]:
+    offered = {t["name"]: t for t in listing}
+    wanted = list(spec.tools) if spec.tools is not None else list(offered)
+    missing = [n for n in wanted if n not in offered]
+    if missing:
+        raise ValueError(f"MCP server '{spec.label}' has no tool named {missing[0]!r} (its tools: "
+                         f"{', '.join(offered) or 'none'}); fix the server's 'tools' list")
+    out = []
+    for mcp_name in wanted:
+        t = offered[mcp_name]
+        name = spec.prefix + mcp_name
+        if not _TOOL_NAME.fullmatch(name):
+            raise ValueError(f"MCP server '{spec.label}': tool name {name!r} is not usable (1-64 "
+                             "letters, digits, _ . -, not starting with a digit); leave it out "
+                             "with the server's 'tools' list or give a 'prefix'")
+        schema = dict(t["input_schema"]) or {"type": "object", "properties": {}}
+        schema.setdefault("type", "object")
+        if schema.get("type") != "object":
+            raise ValueError(f"MCP server '{spec.label}': tool {mcp_name!r} has an input schema of "
+                             f"type {schema.get('type')!r}, not 'object'")
+        out.append(Tool(name=name, description=t["description"], parameters=schema,
+                        fn=_caller(spec, mcp_name, connection),
+                        # The connection enforces spec.timeout_s itself and reports "timeout".
+                        timeout_s=spec.timeout_s + 2.0, max_output_chars=spec.max_output_chars))
+    return out
+
+
+def _check_unique(tools: Sequence[Tool]) -> list[Tool]:
+    seen: set[str] = set()
+    for t in tools:
+        if t.name in seen:
+            raise ValueError(f"two MCP tools are named {t.name!r}; give one server a 'prefix'")
+        seen.add(t.name)
+    return list(tools)
+
+
+async def mcp_tools(servers: Any, *,
+                    connections: Mapping[str, MCPConnection] | None = None) -> list[Tool]:
+    """The tools of every server in `servers` (specs or mappings), as agentax `Tool`s.
+
+    Each server is reached through the loop's shared connection (or, for a spec's key in
+    `connections`, through that one), started if needed; its listing is cached.
+
+    Raises:
+      ValueError: a bad spec (naming the field), or a tool list that cannot be used.
+      MCPUnavailableError: a server cannot be started or reached.
+    """
+    out: list[Tool] = []
+    for spec in mcp_server_specs(servers):
+        conn = (connections or {}).get(spec.key) or mcp_connection(spec)
+        listing = _summaries(await conn.list_tools())
+        with _LISTINGS_LOCK:
+            _LISTINGS[spec.key] = listing
+        out += _as_tools(spec, listing, (connections or {}).get(spec.key))
+    return _check_unique(out)
+
+
+def mcp_tools_sync(servers: Any) -> list[Tool]:
+    """`mcp_tools` for code that is not a coroutine (an agent factory, a config check).
+
+    A server not listed before in this process is started once in a helper thread with its
+    own event loop, listed and stopped; later calls reuse that listing. The tools returned call
+    their server through the shared connection of whatever event loop runs them.
+    """
+    specs = mcp_server_specs(servers)
+    out: list[Tool] = []
+    if specs:
+        _require_mcp()
+    for spec in specs:
+        with _LISTINGS_LOCK:
+            listing = _LISTINGS.get(spec.key)
+        if listing is None:
+            listing = _list_in_thread(spec)
+            with _LISTINGS_LOCK:
+                _LISTINGS[spec.key] = listing
+        out += _as_tools(spec, listing, None)
+    return _check_unique(out)
+
+
+def _list_in_thread(spec: MCPServerSpec) -> list[dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    async def once() -> list[dict[str, Any]]:
+        conn = MCPConnection(spec)
+        try:
+            return _summaries(await conn.list_tools())
+        finally:
+            await conn.close()
+
+    def run() -> None:
+        try:
+            box["value"] = asyncio.run(once())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=f"mcp-list:{spec.label}", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
