@@ -13,8 +13,9 @@ the CPU: no SFT, no evaluation episodes), and the run directory is checked after
 * Runs that cannot make progress (an environment whose reset always raises, an engine
   thread that dies, model calls that all time out): `agentax train` must end within 60 s
   (start-up and compilation included) with a non-zero exit and one `run stopped` line.
-* Sandbox attacks: five forked children each holding 100 MiB under a 256 MiB sandbox, and
-  12 x 4 MB files under a 16 MiB disk quota; contained when the host never sees more.
+* Sandbox attacks: five forked children each holding 100 MiB under a 256 MiB sandbox,
+  12 x 4 MB files under a 16 MiB disk quota, and a nested user namespace mounting a tmpfs of
+  its own to write 40 MB past that quota; contained when the host never sees more.
 * User code that breaks inside episodes (tests/faults/faulty_user_code.py): a factory that
   raises, sync steps that hang for good, an environment that swallows cancellation, one that
   blocks the event loop, groups that are all filtered out. Each must stop the run with one
@@ -345,6 +346,12 @@ def sandbox_attacks() -> list[dict]:
             out.append({"attack": "12 files x 4 MB (quota 16 MiB)",
                         "contained": host <= 16 * 2**20,
                         "note": f"{host / 2**20:.1f} MiB reached the host"})
+            r = asyncio.run(sb.run_bash(
+                "unshare -Urm sh -c 'mount -t tmpfs none /tmp && head -c 40000000 /dev/zero "
+                "> /tmp/x && echo WROTE'; echo rc=$?"))
+            out.append({"attack": "nested user namespace + its own tmpfs (quota 16 MiB)",
+                        "contained": "WROTE" not in r.stdout,
+                        "note": (r.stdout + r.stderr).strip().replace("\n", " ")[-90:]})
     return out
 
 

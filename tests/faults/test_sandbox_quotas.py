@@ -8,6 +8,7 @@ the sandbox then warns once and keeps per-process rlimits, which `test_warns_onc
 import asyncio
 import logging
 import os
+import struct
 import subprocess
 import sys
 
@@ -179,3 +180,30 @@ def test_quotas_left_by_a_killed_process_are_swept(tmp_path):
         assert root not in f.read()
     assert not os.path.exists(root)
     assert group == "None" or not os.path.exists(group)
+
+
+@needs_sandbox
+def test_no_nested_user_namespace_so_no_tmpfs_past_the_disk_quota():
+    # Issue 44 F13: `unshare -Urm` made the sandboxed program root of a namespace of its own,
+    # where it mounted a tmpfs and wrote past max_disk_mb. The seccomp filter refuses it.
+    if _isolation.seccomp_program() is None:
+        pytest.skip("no seccomp filter for this machine's architecture")
+    with Sandbox(SandboxConfig(max_disk_mb=16, max_file_mb=64, memory_mb=512, **FAST)) as sb:
+        r = asyncio.run(sb.run_bash(
+            "unshare -Urm sh -c 'mount -t tmpfs none /tmp && head -c 40000000 /dev/zero "
+            "> /tmp/x && echo WROTE'; echo rc=$?; "
+            "python3 -c 'import os; os.unshare(os.CLONE_NEWUSER)' 2>&1 | tail -1; "
+            "unshare -m true; echo mount_ns=$?; sh -c 'echo child ok'"))
+        assert "WROTE" not in r.stdout and "rc=1" in r.stdout, r
+        assert "Operation not permitted" in r.stdout + r.stderr, r
+        assert "child ok" in r.stdout  # ordinary processes still start (clone without the flag)
+
+
+def test_seccomp_program_is_well_formed():
+    program = _isolation.seccomp_program("x86_64")
+    assert program is not None and len(program) % 8 == 0
+    for i in range(0, len(program), 8):  # every jump lands inside the program
+        code, jt, jf, _ = struct.unpack("<HBBI", program[i:i + 8])
+        if code & 0x07 == 0x05:  # BPF_JMP
+            assert i // 8 + 1 + max(jt, jf) < len(program) // 8
+    assert _isolation.seccomp_program("sparc") is None

@@ -8,6 +8,13 @@ unprivileged uid with no capabilities (`setpriv`), so that the read-only mounts 
 undone and RLIMIT_NPROC is really enforced (the kernel never applies it to uid 0). Resource
 limits are applied with `prlimit` inside the sandbox, just before the program starts.
 
+No nested user namespaces: a seccomp filter (`seccomp_program`, handed to bwrap with
+`--seccomp FD`) makes `unshare` and `clone` with CLONE_NEWUSER fail with EPERM, and `clone3`
+with ENOSYS (its flags sit in memory a filter cannot read; libc falls back to `clone`).
+Without it, sandboxed code ran `unshare -Urm`, became root of a namespace of its own and
+mounted a tmpfs there: writes past `max_disk_mb` that no quota saw. x86_64 and aarch64; on
+other machines no filter is installed (`seccomp_program` returns None).
+
 `probe()` starts a trivial sandbox once per configuration and says why isolation is impossible
 when it is (missing binaries, user namespaces disabled...).
 """
@@ -15,12 +22,15 @@ when it is (missing binaries, user namespaces disabled...).
 from __future__ import annotations
 
 import os
+import platform
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-__all__ = ["SANDBOX_WORKDIR", "confined_command", "unconfined_command", "probe", "python_ro_paths"]
+__all__ = ["SANDBOX_WORKDIR", "confined_command", "probe", "python_ro_paths", "seccomp_fd",
+           "seccomp_program", "unconfined_command"]
 
 SANDBOX_WORKDIR = "/workspace"
 """Path of the working directory as the sandboxed program sees it."""
@@ -29,6 +39,59 @@ SANDBOX_SCRIPTS = "/run/agentax"
 
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_DIRS = ("/usr", "/etc", "/opt")
+
+
+# ---------------------------------------------------------------------------- seccomp
+
+# (AUDIT_ARCH, unshare, clone, clone3) syscall numbers
+_ARCHES = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
+_CLONE_NEWUSER = 0x10000000
+_RET_ALLOW, _RET_ERRNO, _RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
+_EPERM, _ENOSYS = 1, 38
+# classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
+# BPF_RET|BPF_K
+# BPF_JMP|BPF_JGE|BPF_K
+_LD, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
+_X32_BIT = 0x40000000
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """The seccomp filter (an array of `struct sock_filter`) that forbids new user namespaces,
+    for this machine's architecture; None where it is not known."""
+    arch = _ARCHES.get(machine or platform.machine())
+    if arch is None:
+        return None
+    audit, unshare, clone, clone3 = arch
+    flags = 16  # offsetof(struct seccomp_data, args[0]); the low 32 bits on little-endian
+    prog = [
+        (_LD, 0, 0, 4),  # seccomp_data.arch
+        (_JEQ, 1, 0, audit),
+        (_RET, 0, 0, _RET_KILL),  # another ABI (e.g. 32-bit calls on x86_64): refused
+        (_LD, 0, 0, 0),  # seccomp_data.nr
+        (_JGE, 4, 0, _X32_BIT),  # x32 numbering (nr | 0x40000000): ENOSYS
+        (_JEQ, 4, 0, unshare),
+        (_JEQ, 3, 0, clone),
+        (_JEQ, 1, 0, clone3),
+        (_RET, 0, 0, _RET_ALLOW),
+        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),  # clone3
+        (_LD, 0, 0, flags),  # unshare / clone: their flags
+        (_JSET, 0, 1, _CLONE_NEWUSER),
+        (_RET, 0, 0, _RET_ERRNO | _EPERM),
+        (_RET, 0, 0, _RET_ALLOW),
+    ]
+    return b"".join(struct.pack("<HBBI", *ins) for ins in prog)
+
+
+def seccomp_fd() -> int | None:
+    """A fresh read-only descriptor holding `seccomp_program()` (bwrap reads it to its end),
+    or None where there is no program. The caller passes it to the child and closes it."""
+    program = seccomp_program()
+    if program is None or not hasattr(os, "memfd_create"):
+        return None
+    fd = os.memfd_create("agentax-seccomp", 0)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def python_ro_paths(python: str) -> list[str]:
@@ -67,6 +130,7 @@ def confined_command(
     env: Mapping[str, str],
     sandbox_uid: int | None,
     limits: Mapping[str, int],
+    seccomp: int | None = None,
 ) -> list[str]:
     """The full command line that runs `argv` inside the sandbox.
 
@@ -74,9 +138,12 @@ def confined_command(
         host_scripts: a host directory mounted read-only at SANDBOX_SCRIPTS, if given.
         sandbox_uid: uid the program drops to (only when agentax runs as root), else None.
         limits: keyword arguments of the rlimits (cpu_s, memory_mb, max_processes, ...).
+        seccomp: a descriptor holding `seccomp_program()` (passed to the child), or None.
     """
     cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if seccomp is not None:
+        cmd += ["--seccomp", str(seccomp)]
     if sandbox_uid is None:
         cmd += ["--unshare-user"]
     for d in _SYSTEM_DIRS:

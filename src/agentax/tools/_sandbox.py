@@ -430,7 +430,7 @@ class Sandbox:
         env.update(self.config.env)
         return env
 
-    def _command(self, argv: Sequence[str]) -> list[str]:
+    def _command(self, argv: Sequence[str], seccomp: int | None = None) -> list[str]:
         c = self.config
         limits = dict(cpu_s=c.cpu_time_s, memory_mb=c.memory_mb, max_processes=c.max_processes,
                       max_file_mb=c.max_file_mb, max_open_files=c.max_open_files)
@@ -440,7 +440,7 @@ class Sandbox:
             cmd = _isolation.confined_command(
                 argv, host_workdir=self._work, host_tmpdir=self._tmp, host_scripts=self._scripts,
                 ro_paths=self._ro_paths,
-                env=self._env(), sandbox_uid=self._uid, limits=limits,
+                env=self._env(), sandbox_uid=self._uid, limits=limits, seccomp=seccomp,
             )
         group = self._quotas.cgroup
         return group.enter_argv(cmd) if group is not None else cmd
@@ -458,19 +458,24 @@ class Sandbox:
         group = self._quotas.cgroup
         oom_before = group.oom_kills() if group is not None else 0
         t0 = time.monotonic()
+        seccomp = _isolation.seccomp_fd() if self.confined else None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self._command(argv),
+                *self._command(argv, seccomp),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
                 cwd=self._work,
                 env=None if self.confined else self._env(),
+                pass_fds=() if seccomp is None else (seccomp,),
             )
         except OSError as e:
             return SandboxResult(stdout="", stderr=f"could not start the sandbox: {e}", exit_code=None,
                                  elapsed_s=time.monotonic() - t0)
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)  # the child has its copy (bwrap reads it at start)
         out, err = _Capture(self.config.max_output_bytes), _Capture(self.config.max_output_bytes)
         killed: list[str] = []
 
