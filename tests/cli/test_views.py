@@ -43,3 +43,41 @@ def test_timeline_png_of_a_traced_run(tmp_path):
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert render_timeline_png(tmp_path, tmp_path / "t.png") == str(tmp_path / "t.png")
+
+
+def test_console_view_prints_plain_lines_when_not_a_terminal(monkeypatch):
+    # A log file, CI or nohup: one plain line per step (throttled), the last always.
+    from agentax.cli import _console
+
+    buf = io.StringIO()
+    view = ConsoleView(total_steps=5, keys=("success", "reward"), description="rl",
+                       console=Console(file=buf, force_terminal=False, width=80))
+    assert view.plain
+    monkeypatch.setattr(_console, "PLAIN_EVERY_S", 0.0)
+    for step in range(3):
+        view.update(step, {"success": step / 4, "reward": 0.5})
+    monkeypatch.setattr(_console, "PLAIN_EVERY_S", 3600.0)
+    view.update(3, {"success": 0.9, "reward": 0.5})  # throttled
+    view.update(4, {"success": 1.0, "reward": 0.5})  # the last step: always
+    view.close()
+    lines = buf.getvalue().splitlines()
+    assert [x.split()[1] for x in lines] == ["1/5", "2/5", "3/5", "5/5"], lines
+    assert all(x.startswith("rl ") and "reward=0.5" in x for x in lines)
+    assert "success=0.5" in lines[2] and "success=1" in lines[3]
+
+
+def test_console_view_on_a_terminal_keeps_the_live_bar():
+    buf = io.StringIO()
+    view = ConsoleView(total_steps=2, console=Console(file=buf, force_terminal=True, width=120))
+    assert not view.plain
+
+
+def test_curves_show_the_sft_loss_beside_the_rl_rates(tmp_path):
+    from agentax.cli._plots import plot_curves
+    from matplotlib import image
+
+    rl = [{"phase": "rl", "step": s, "success": s / 4} for s in range(1, 5)]
+    sft = [{"phase": "sft", "step": s, "sft/loss": 2.0 / s} for s in range(1, 6)]
+    plain = image.imread(plot_curves(rl, tmp_path / "rl.png"))
+    both = image.imread(plot_curves(sft + rl, tmp_path / "both.png"))
+    assert both.shape[1] > plain.shape[1] * 1.4  # a second panel: the SFT loss

@@ -270,7 +270,8 @@ def build_suite_for(cfg: RunConfig) -> TaskSuite:
         demos = lambda n, seed: load_demos_jsonl(data)  # noqa: E731
     elif cfg.sft.demos:
         demo_fn = resolve_callable(cfg.sft.demos, field="sft.demos")
-        demos = lambda n, seed: demo_fn(train, n, seed)  # noqa: E731
+        demo_kwargs = dict(cfg.sft.demos_kwargs)
+        demos = lambda n, seed: demo_fn(train, n, seed, **demo_kwargs)  # noqa: E731
     return TaskSuite(name=cfg.env.factory, train_tasks=train, eval_tasks=held,
                      make_env=make_env, make_agent=make_agent, reward_fn=_reward(cfg.env.reward),
                      demos=demos, tools=tuple(agent.tools or ()))

@@ -220,9 +220,12 @@ class SFTConfig:
     num_demos: int = 2000
     """Demonstrations to generate with sft.demos."""
     demos: str | None = DEMO_DEMOS
-    """'package.module:callable' called as demos(train_tasks, n, seed) -> n conversations
-    (lists of agentax Message) from the training tasks; default: the calculator demo's sloppy
-    demonstrator. Ignored when sft.data is set."""
+    """'package.module:callable' called as demos(train_tasks, n, seed, **demos_kwargs) -> n
+    conversations (lists of agentax Message) from the training tasks; default: the calculator
+    demo's sloppy demonstrator. Ignored when sft.data is set."""
+    demos_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of sft.demos (dropped when a file or override names another
+    sft.demos, like env.kwargs with env.factory)."""
     data: str | None = None
     """JSONL of chat demonstrations ({"messages": [...]} a line) instead of generated ones."""
 
@@ -276,7 +279,8 @@ class TracingConfig:
     console: bool = True
     """Show live progress (rich) on the terminal."""
     plots: bool = True
-    """Save RUN_DIR/curves.png (success and tool-use rate per step) at the end."""
+    """Save RUN_DIR/curves.png (the SFT loss; success and tool-use rate per RL step, over
+    every segment of a resumed run) at the end."""
     tensorboard: bool = False
     """Also write TensorBoard event files to RUN_DIR/tensorboard."""
     doctor: bool = True
@@ -482,6 +486,8 @@ def _merge(base: Any, update: Mapping[str, Any], where: str = "") -> Any:
     out = dict(base)
     if "factory" in update and update["factory"] != out.get("factory"):
         out.pop("kwargs", None)  # another factory: the old one's arguments do not carry over
+    if "demos" in update and update["demos"] != out.get("demos"):
+        out.pop("demos_kwargs", None)  # the same for sft.demos
     for key, value in update.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value, f"{where}{key}.")

@@ -1,8 +1,16 @@
-"""The live console view of `agentax train`: a progress bar plus the latest metrics."""
+"""The live console view of `agentax train`: a progress bar plus the latest metrics.
+
+When stderr is not a terminal (a log file, CI, `nohup`), a live bar would show nothing until
+the end; the view prints plain lines instead, one per step but at most one every
+`PLAIN_EVERY_S` seconds (and always the last step's), with the same figures.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
+
+PLAIN_EVERY_S = 2.0
 
 
 class ConsoleView:
@@ -30,6 +38,10 @@ class ConsoleView:
                                  transient=False)
         self._task = self.progress.add_task(description, total=total_steps, metrics="")
         self._started = False
+        self.description, self.total_steps = description, total_steps
+        self.plain = not self.console.is_terminal
+        self._t0 = time.monotonic()
+        self._last_plain = float("-inf")
 
     @staticmethod
     def format_value(value: Any) -> str:
@@ -46,6 +58,16 @@ class ConsoleView:
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Show that step `step` (0-based) finished with these metrics."""
+        if self.plain:
+            now = time.monotonic()
+            last = self.total_steps is not None and step + 1 >= self.total_steps
+            if last or now - self._last_plain >= PLAIN_EVERY_S:
+                self._last_plain = now
+                total = f"/{self.total_steps}" if self.total_steps is not None else ""
+                self.console.print(f"{self.description} {step + 1}{total}  "
+                                   f"{now - self._t0:.1f}s  {self.line(metrics)}",
+                                   markup=False, highlight=False, soft_wrap=True)
+            return
         if not self._started:
             self.progress.start()
             self._started = True

@@ -33,7 +33,7 @@ def _rates(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Plots the sampled per-step rates (success and the environment's own) and held-out
-    evaluations of the same rates.
+    evaluations of the same rates; with SFT rows (a warm start), the SFT loss beside them.
 
     Args:
       history: metrics records (as written to metrics.jsonl).
@@ -48,7 +48,18 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
     rl = [r for r in history if r.get("phase") == "rl"]
     evals = [r for r in history if str(r.get("phase", "")).startswith("eval")]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    sft = [r for r in history if r.get("phase") == "sft" and "sft/loss" in r]
+    if sft:
+        fig, (ax_sft, ax) = plt.subplots(1, 2, figsize=(10.5, 4), dpi=110,
+                                         gridspec_kw={"width_ratios": [1, 2]})
+        ax_sft.plot([r["step"] for r in sft], [r["sft/loss"] for r in sft], "-o", markersize=3)
+        ax_sft.set_xlabel("SFT step")
+        ax_sft.set_ylabel("loss")
+        ax_sft.set_yscale("log" if min(r["sft/loss"] for r in sft) > 0 else "linear")
+        ax_sft.grid(alpha=0.3)
+        ax_sft.set_title("SFT warm start")
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     rates = _rates(rl)
     for i, name in enumerate(rates):

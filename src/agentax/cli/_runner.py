@@ -286,7 +286,10 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
     if cfg.tracing.plots:
         from agentax.cli._plots import plot_curves
 
-        summary["plot"] = str(plot_curves(rep.history, run_dir / "curves.png"))
+        # From metrics.jsonl: every segment of a resumed run, not only this process's rows.
+        rows = [r for phase_rows in _phase_rows(run_dir).values() for r in phase_rows]
+        rows.sort(key=lambda r: r.get("time", 0.0))
+        summary["plot"] = str(plot_curves(rows or rep.history, run_dir / "curves.png"))
     if cfg.tracing.enabled and cfg.tracing.doctor and summary.get("rl_steps", 0):
         summary["doctor"] = _doctor_summary(run_dir, rep)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
