@@ -228,6 +228,10 @@ class SFTConfig:
     sft.demos, like env.kwargs with env.factory)."""
     data: str | None = None
     """JSONL of chat demonstrations ({"messages": [...]} a line) instead of generated ones."""
+    checkpoint_every_s: float = 300.0
+    """`agentax train` saves the SFT trainer (RUN_DIR/checkpoints/sft, the newest kept) at
+    most this often, when SFT ends and when a signal stops it, so a resume continues SFT where
+    it stopped; 0: only at the end and on a signal."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 0 or self.batch_tokens < 0 \
@@ -249,6 +253,9 @@ class SFTConfig:
             raise ConfigError(f"sft.batch_tokens={self.batch_tokens} needs sft.pack=true and at "
                               f"least one row of sft.pack_length={self.pack_length} positions; "
                               "or take a fixed count: sft.batch_tokens=0 sft.batch_size=N")
+        if self.checkpoint_every_s < 0:
+            raise ConfigError(f"sft.checkpoint_every_s must be >= 0 (0: only at the end and on "
+                              f"a signal), got {self.checkpoint_every_s}")
         _check_path("sft.demos", self.demos)
         if self.schedule not in ("cosine", "constant"):
             raise ConfigError(f"sft.schedule must be 'cosine' or 'constant', got {self.schedule!r}")

@@ -11,9 +11,11 @@ checkpoints/, curves.png, summary.json). `train` resumes from a run directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -129,30 +131,86 @@ def sft_trainer_config(cfg: RunConfig):
                    agg_mode="token-mean", policy_loss="ppo", off_policy="none")
 
 
+SFT_CHECKPOINTS = "sft"
+"""RUN_DIR/checkpoints/sft: the SFT trainer of `agentax train` (the newest kept)."""
+
+
 def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter, *,
-               save: bool = False, mesh=None, check: Callable[[], None] = lambda: None):
+               save: bool = False, mesh=None, guard: StopGuard | None = None,
+               resume: bool = False):
     """SFT on the task's demonstrations (on `mesh`, the RL trainer's); returns (trainer, last
-    metrics)."""
+    metrics).
+
+    With `guard` (`agentax train`), SFT is a resumable phase: the trainer is saved to
+    RUN_DIR/checkpoints/sft at most every `sft.checkpoint_every_s`, at the end, and when a
+    signal stops it between two steps; `resume` continues from the newest such checkpoint.
+    """
     from agentax.recipes._render import render_examples
-    from agentax.train import SFTTrainer
+    from agentax.train import DamagedCheckpointError, SFTTrainer, read_checkpoint_meta
 
     t0 = time.perf_counter()
     examples = render_examples(tokenizer, demonstrations(cfg, suite), tools=list(suite.tools) or None)
     rep.timings["sft_render_s"] = time.perf_counter() - t0
     trainer = SFTTrainer(model, sft_trainer_config(cfg), mesh=mesh)
+    ckpt_dir = rep.run_dir / CHECKPOINT_DIR / SFT_CHECKPOINTS
+    last: dict[str, Any] = {}
+    start = 0
+    if guard is not None and resume and ckpt_dir.is_dir():
+        try:
+            step = trainer.restore_checkpoint(ckpt_dir)
+            record = read_checkpoint_meta(ckpt_dir / f"step_{step}").get("run") or {}
+            start, last = int(record.get("sft_step", step)), dict(record.get("last") or {})
+            _say_always(rep, f"resumed SFT from step {start} ({ckpt_dir / f'step_{step}'})")
+        except (DamagedCheckpointError, FileNotFoundError) as e:
+            rep.say(f"[yellow]warning[/yellow]: {e}; SFT starts over")
+            trainer = SFTTrainer(model, sft_trainer_config(cfg), mesh=mesh)
+    saved = [start if start else None]
+
+    def checkpoint(i: int) -> None:
+        if guard is None or saved[0] == i:
+            return
+        metrics = rep.run_dir / "metrics.jsonl"
+        with guard.saving():
+            trainer.sync_counters()
+            trainer.save_checkpoint(ckpt_dir, i, run={
+                "sft_step": i, "last": last, "rl_step": -1,
+                "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0})
+        for old in ckpt_dir.glob("step_*"):  # only the newest is ever resumed from
+            if old.name != f"step_{i}":
+                shutil.rmtree(old, ignore_errors=True)
+        saved[0] = i
+
     view = rep.view(cfg.sft.steps, ("loss", "accuracy"), "sft")
     every = max(1, cfg.sft.steps // 10)
-    last: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    for i in range(cfg.sft.steps):
-        check()  # a signal whose raise was lost (inside a callback) stops SFT here
-        metrics = trainer.step(trainer.take(examples, batch_size=cfg.sft.batch_size,
-                                            batch_tokens=cfg.sft.batch_tokens))
-        if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
-            last = {f"sft/{k}": v for k, v in metrics.to_dict().items() if k in ("loss", "accuracy")}
-            rep.log(i + 1, {"phase": "sft", **last})
-            if view is not None:
-                view.update(i, {k.split("/")[1]: v for k, v in last.items()})
+    every_s = cfg.sft.checkpoint_every_s
+    t0 = t_saved = time.perf_counter()
+    i = start
+    try:
+        with guard.deferring() if guard is not None else contextlib.nullcontext():
+            for i in range(start, cfg.sft.steps):
+                if guard is not None:
+                    guard.check()  # a signal stops SFT here, between two steps
+                if every_s and time.perf_counter() - t_saved >= every_s and i > start:
+                    checkpoint(i)
+                    t_saved = time.perf_counter()
+                metrics = trainer.step(trainer.take(examples, batch_size=cfg.sft.batch_size,
+                                                    batch_tokens=cfg.sft.batch_tokens))
+                if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
+                    last = {f"sft/{k}": v for k, v in metrics.to_dict().items()
+                            if k in ("loss", "accuracy")}
+                    rep.log(i + 1, {"phase": "sft", **last})
+                    if view is not None:
+                        view.update(i, {k.split("/")[1]: v for k, v in last.items()})
+            i = cfg.sft.steps
+            checkpoint(i)
+    except Interrupted as e:
+        if view is not None:
+            view.close()
+        if guard is None or e.message:
+            raise
+        checkpoint(i)
+        raise Interrupted(e.signum, f"stopped at SFT step {i}; checkpoint {ckpt_dir}/step_{i} "
+                          f"is complete; continue with `agentax train {rep.run_dir}`") from None
     if view is not None:
         view.close()
     trainer.sync_counters()
@@ -217,7 +275,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
     if found is None:
         write_config(run_dir, cfg)
     if resume and found is None:
-        cut_metrics(run_dir, None)  # nothing to continue from: the run starts over
+        # Nothing to continue RL from: the run starts over, from its SFT checkpoint if any.
+        cut_metrics(run_dir, _sft_record(run_dir) if cfg.sft.steps else None)
     guard.check()
     rep = Reporter(cfg, run_dir, quiet=quiet)
     try:
@@ -248,7 +307,7 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                                       model, tokenizer)
                 compiling = _precompile_rl(cfg, trainer, after=engine.wait_compiled)
                 sft, last = warm_start(cfg, model, tokenizer, suite, rep, mesh=mesh,
-                                       check=guard.check)
+                                       guard=guard, resume=resume)
                 model = sft.export_model(release=True)
                 engine.update_weights(model, 0)
                 compiling.join()
@@ -479,6 +538,19 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                         "rl_steps": len(result.steps),
                         "episodes_sampled": result.accounting.started})
     return out
+
+
+def _sft_record(run_dir: Path) -> dict | None:
+    """The run record of the newest readable SFT checkpoint of `run_dir`, or None."""
+    from agentax.train import DamagedCheckpointError, checkpoint_steps, read_checkpoint_meta
+
+    ckpt = run_dir / CHECKPOINT_DIR / SFT_CHECKPOINTS
+    for step in reversed(checkpoint_steps(ckpt)):
+        try:
+            return dict(read_checkpoint_meta(ckpt / f"step_{step}").get("run") or {})
+        except DamagedCheckpointError:
+            continue
+    return None
 
 
 def _phase_rows(run_dir: Path) -> dict[str, list[dict]]:

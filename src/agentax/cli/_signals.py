@@ -101,6 +101,7 @@ class StopGuard:
         self.signum: int | None = None
         self.acknowledged = threading.Event()
         self._saving = 0
+        self._defer = 0  # inside `deferring()`: a signal waits for the next `check()`
         self._deferred = False  # a signal came during `saving()`
         self._lock = threading.Lock()
         self._busy = False
@@ -134,6 +135,9 @@ class StopGuard:
                          daemon=True).start()
         loop = self._loop
         if loop is None or loop.is_closed():
+            if self._defer:
+                self.acknowledge()  # our own step loop calls check() at the next boundary
+                return
             if self._saving:
                 self._deferred = True  # `saving()` raises once the checkpoint is complete
                 return
@@ -156,6 +160,16 @@ class StopGuard:
         """Raises `Interrupted` if a signal came (where an earlier raise may have been lost)."""
         if self.signum is not None and not self._saving:
             raise Interrupted(self.signum)
+
+    @contextlib.contextmanager
+    def deferring(self):
+        """A loop of our own steps (SFT): a signal is raised by the next `check()`, between
+        two steps, so the loop can checkpoint a consistent state first."""
+        self._defer += 1
+        try:
+            yield
+        finally:
+            self._defer -= 1
 
     @contextlib.contextmanager
     def saving(self):

@@ -141,6 +141,41 @@ def _held_stderr():
         os.close(read_end)
 
 
+def _is_closed_loop_error(exc_type, exc, tb) -> bool:
+    if exc_type is not RuntimeError or str(exc) != "Event loop is closed":
+        return False
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "_check_closed"
+
+
+def _drop_late_orbax_errors() -> None:
+    """After a failed save, the storage library's pending writes still complete one by one,
+    each calling back into Orbax's event loop, already closed: one "Event loop is closed"
+    traceback each (dozens), printed through `sys.excepthook` after the save has returned,
+    and Orbax logs each failed commit. From then on exactly those are dropped (and Orbax's
+    logs below CRITICAL): the caller raises `DiskFullError`, which says it all."""
+    for name in ("absl", "orbax"):  # their late "failed to commit" logs repeat it too
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    previous = sys.excepthook
+    if getattr(previous, "_agentax_drops_closed_loop", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if not _is_closed_loop_error(exc_type, exc, tb):
+            previous(exc_type, exc, tb)
+
+    hook._agentax_drops_closed_loop = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+    previous_unraisable = sys.unraisablehook
+
+    def unraisable(args):
+        if not _is_closed_loop_error(args.exc_type, args.exc_value, args.exc_traceback):
+            previous_unraisable(args)
+
+    sys.unraisablehook = unraisable
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
     """Orbax logs each failed background write with a traceback (absl ERROR); the failure
@@ -261,6 +296,7 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
     except Exception as e:
         if not _out_of_space(e):
             raise
+        _drop_late_orbax_errors()
         shutil.rmtree(tmp, ignore_errors=True)
         free = None
         with contextlib.suppress(OSError):
