@@ -72,6 +72,11 @@ def main() -> int:
     # late to stop anything, and the interpreter's teardown would let it kill the process.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    if code in (130, 143):  # interrupted: its line is out; what it cut short dies silently
+        import warnings
+
+        sys.unraisablehook = lambda args: None
+        warnings.simplefilter("ignore")
     return code
 
 

@@ -300,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.fn(args)
     except Interrupted as e:
         print(f"agentax {args.command}: {e}", file=sys.stderr)
+        _release_quietly(e)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"agentax {args.command}: interrupted", file=sys.stderr)
@@ -323,6 +324,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _release_quietly(error: BaseException) -> None:
+    """After the interruption's one line: what the signal cut short (an event loop half
+    built, a coroutine never awaited) is freed now, without each object's complaint."""
+    import gc
+    import warnings
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda args: None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            error.__traceback__ = None  # the frames the signal cut through, with their locals
+            error.__context__ = error.__cause__ = None
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 
 def _install_interrupt_handlers() -> dict:
