@@ -173,9 +173,10 @@ def test_bad_requests_get_openai_errors_and_do_not_harm_others(recording, tok):
                 await c.chat.completions.create(model="agentax", messages=msgs, presence_penalty=0.5)
             assert "presence_penalty" in str(e.value) and e.value.code == "unsupported_parameter"
             with pytest.raises(openai.BadRequestError, match="top_logprobs"):
-                await c.chat.completions.create(model="agentax", messages=msgs, logprobs=True, top_logprobs=2)
+                await c.chat.completions.create(model="agentax", messages=msgs, logprobs=True, top_logprobs=21)
             with pytest.raises(openai.BadRequestError, match="tool_choice"):
-                await c.chat.completions.create(model="agentax", messages=msgs, tools=[CALC], tool_choice="required")
+                await c.chat.completions.create(model="agentax", messages=msgs, tools=[CALC],
+                                                tool_choice={"type": "function", "function": {"name": "nope"}})
             with pytest.raises(openai.BadRequestError, match="context"):
                 await c.chat.completions.create(model="agentax", messages=[{"role": "user", "content": "x" * 900}])
             url = f"{server.url}/v1/chat/completions"

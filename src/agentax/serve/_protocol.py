@@ -21,6 +21,7 @@ __all__ = [
     "ChatRequest",
     "Choice",
     "check_json",
+    "check_response_format",
     "completion_body",
     "error_body",
     "parse_chat_request",
@@ -30,8 +31,10 @@ __all__ = [
 SUPPORTED_FIELDS = frozenset({
     "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
     "max_completion_tokens", "stop", "n", "seed", "logprobs", "top_logprobs", "stream",
-    "stream_options",
+    "stream_options", "parallel_tool_calls", "response_format",
 })
+MAX_TOP_LOGPROBS = 20
+JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 MAX_N = 16
 MAX_STOP = 4
 MAX_JSON_DEPTH = 64
@@ -110,6 +113,14 @@ class ChatRequest:
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] | None = None
     """Tool schemas (OpenAI function form) rendered into the prompt; None when none or tool_choice='none'."""
+    tool_choice: str = "auto"
+    """'auto', 'none', 'required', or 'function' (a named function must be called: `forced_tool`)."""
+    forced_tool: str | None = None
+    parallel_tool_calls: bool = True
+    """False: only the first parsed tool call of a reply is returned."""
+    response_format: str = "text"
+    """'text', 'json_object' or 'json_schema' (the reply is validated, see `check_response_format`)."""
+    json_schema: Mapping[str, Any] | None = None
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
@@ -117,6 +128,7 @@ class ChatRequest:
     n: int = 1
     seed: int | None = None
     logprobs: bool = False
+    top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False
 
@@ -206,13 +218,26 @@ def _message(raw: Any, i: int) -> Message:
                    tool_call_id=call_id if role == "tool" else None)
 
 
-def _tools(body: Mapping) -> tuple[dict[str, Any], ...] | None:
+def _tool_choice(body: Mapping) -> tuple[str, str | None]:
+    """(mode, forced function name) of `tool_choice`."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto", None
+    if choice in ("auto", "none", "required"):
+        return choice, None
+    fn = choice.get("function") if isinstance(choice, Mapping) else None
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and \
+            isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and fn["name"]:
+        return "function", fn["name"]
+    raise _bad("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
+               f"'function': {{'name': ...}}}}, got {choice!r}", "tool_choice")
+
+
+def _tools(body: Mapping, choice: str, forced: str | None) -> tuple[dict[str, Any], ...] | None:
     tools = body.get("tools")
-    choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none"):
-        raise _bad("tool_choice must be 'auto' or 'none': the engine does not constrain decoding "
-                   "to force a call", "tool_choice")
-    if tools is None:
+    if tools is None or tools == []:
+        if choice in ("required", "function"):
+            raise _bad(f"tool_choice {choice!r} needs tools: the request lists none", "tool_choice")
         return None
     if not isinstance(tools, list):
         raise _bad("tools must be a list", "tools")
@@ -223,7 +248,60 @@ def _tools(body: Mapping) -> tuple[dict[str, Any], ...] | None:
                 not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise _bad(f"tools[{j}] must be {{'type': 'function', 'function': {{'name', ...}}}}", "tools")
         out.append({"type": "function", "function": dict(fn)})
-    return tuple(out) if out and choice == "auto" else None
+    if forced is not None and forced not in {t["function"]["name"] for t in out}:
+        raise _bad(f"tool_choice names function {forced!r}, which is not in tools", "tool_choice")
+    return tuple(out) if out and choice != "none" else None
+
+
+def _response_format(body: Mapping) -> tuple[str, Mapping[str, Any] | None]:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return "text", None
+    kind = fmt.get("type") if isinstance(fmt, Mapping) else None
+    if kind in ("text", "json_object"):
+        return kind, None
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, Mapping) else None
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str) or \
+                not isinstance(schema, Mapping):
+            raise _bad("response_format json_schema must be {'type': 'json_schema', "
+                       "'json_schema': {'name': ..., 'schema': {...}}}", "response_format")
+        t = schema.get("type")
+        if t is not None and t not in (*JSON_TYPES, "number", "integer"):
+            raise _bad(f"response_format.json_schema.schema.type {t!r} is not a JSON type",
+                       "response_format")
+        return kind, schema
+    raise _bad("response_format.type must be 'text', 'json_object' or 'json_schema', got "
+               f"{kind!r}", "response_format")
+
+
+def check_response_format(content: str | None, fmt: str, schema: Mapping[str, Any] | None) -> str | None:
+    """Why `content` does not satisfy the response format (None when it does).
+
+    json_object: the content parses as JSON and is an object. json_schema: it parses as JSON,
+    its top-level value has the schema's `type`, and an object has the schema's `required`
+    keys. Nested properties are not checked.
+    """
+    if fmt == "text":
+        return None
+    try:
+        value = json.loads(content or "")
+    except json.JSONDecodeError as e:
+        return f"the reply is not valid JSON ({e})"
+    if fmt == "json_object":
+        return None if isinstance(value, dict) else "the reply is JSON but not an object"
+    t = (schema or {}).get("type")
+    ok = {"number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "integer": lambda v: isinstance(v, int) and not isinstance(v, bool)}.get(
+        t, lambda v: t is None or isinstance(v, JSON_TYPES[t]) and not (
+            t != "boolean" and isinstance(v, bool)))
+    if not ok(value):
+        return f"the reply's top-level value is not of the schema's type {t!r}"
+    missing = [k for k in (schema or {}).get("required", ()) if isinstance(value, dict) and k not in value]
+    if missing:
+        return f"the reply lacks the schema's required key(s) {missing}"
+    return None
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -259,13 +337,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop = tuple(stop)
     else:
         raise _bad(f"stop must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
-    top_logprobs = _integer(body, "top_logprobs", 0, 20)
-    if top_logprobs:
-        raise _bad("top_logprobs > 0 is not supported: the engine returns the logprob of the "
-                   "sampled token only (use logprobs=true)", "top_logprobs", "unsupported_parameter")
+    top_logprobs = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise _bad("logprobs must be a boolean", "logprobs")
+    if top_logprobs and not logprobs:
+        raise _bad("top_logprobs needs logprobs=true", "top_logprobs")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+    tool_choice, forced = _tool_choice(body)
+    response_format, schema = _response_format(body)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise _bad("stream must be a boolean", "stream")
@@ -276,7 +358,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(model, str):
         raise _bad("model must be a string", "model")
     return ChatRequest(
-        model=model, messages=messages, tools=_tools(body),
+        model=model, messages=messages, tools=_tools(body, tool_choice, forced),
+        tool_choice=tool_choice, forced_tool=forced, parallel_tool_calls=parallel is not False,
+        response_format=response_format, json_schema=schema, top_logprobs=top_logprobs,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 1e-6, 1.0),
         max_tokens=max_tokens, stop=stop, n=_integer(body, "n", 1, MAX_N) or 1,
         seed=_integer(body, "seed", -(2**63), 2**63 - 1), logprobs=logprobs, stream=stream,
@@ -295,8 +379,9 @@ class Choice:
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
-    logprobs: Sequence[tuple[str, float]] | None = None
-    """(token text, logprob) per generated token when the request asked for logprobs."""
+    logprobs: Sequence[tuple[str, float, Sequence[tuple[str, float]]]] | None = None
+    """(token text, logprob, top alternatives as (text, logprob)) per generated token when the
+    request asked for logprobs (no alternatives unless it asked for top_logprobs)."""
     completion_tokens: int = 0
 
 
@@ -305,11 +390,16 @@ def _tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
              "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))}} for c in calls]
 
 
-def _logprobs_json(lp: Sequence[tuple[str, float]] | None) -> dict[str, Any] | None:
+def _token_json(t: str, v: float) -> dict[str, Any]:
+    return {"token": t, "logprob": float(v), "bytes": list(t.encode("utf-8", "replace"))}
+
+
+def _logprobs_json(lp: Sequence[tuple[str, float, Sequence[tuple[str, float]]]] | None
+                   ) -> dict[str, Any] | None:
     if lp is None:
         return None
-    return {"content": [{"token": t, "logprob": float(v), "bytes": list(t.encode("utf-8")),
-                         "top_logprobs": []} for t, v in lp]}
+    return {"content": [{**_token_json(t, v), "top_logprobs": [_token_json(a, b) for a, b in top]}
+                        for t, v, top in lp], "refusal": None}
 
 
 def completion_body(request_id: str, created: int, model: str, choices: Sequence[Choice],

@@ -43,7 +43,8 @@ from agentax.records import (
     Trajectory,
     TrajectoryStatus,
 )
-from agentax.serve._protocol import APIError, ChatRequest, Choice
+from agentax.serve._protocol import APIError, ChatRequest, Choice, check_response_format
+from agentax.serve._scoring import can_score, top_logprobs
 from agentax.text import parse_tool_calls
 
 __all__ = ["Session", "SessionLimits"]
@@ -150,8 +151,14 @@ class Session:
             if lim.max_tokens is not None and builder.num_tokens >= lim.max_tokens:
                 self._over_budget(builder.num_tokens, lim.max_tokens)
             params = self._params(req, builder.num_tokens)
+            if req.top_logprobs and not can_score(self.engine):
+                raise APIError(400, "top_logprobs > 0 needs an agentax Engine to score the reply "
+                               "with (this server's engine cannot)", param="top_logprobs",
+                               code="unsupported_parameter")
             context = None
-            if req.n > 1:  # the other choices start from the same context, on fresh sequences
+            # the other choices start from the same context, on fresh sequences; top_logprobs
+            # scores every choice's tokens after it
+            if req.n > 1 or req.top_logprobs:
                 context = builder.build(0.0, TrajectoryStatus.OK).token_ids
             try:
                 completions = await self._generate(prompt_ids, params, req.n, context)
@@ -164,6 +171,18 @@ class Session:
             reply = builder.add_completion(first)
             choices = [self._choice(i, c, req, reply if i == 0 else None)
                        for i, c in enumerate(completions)]
+            if req.top_logprobs:
+                assert context is not None
+                choices = [await self._add_top_logprobs(ch, co, context, params, req.top_logprobs)
+                           for ch, co in zip(choices, completions)]
+            for ch in choices:
+                failed = self._unsatisfied(ch, req)
+                if failed is not None:  # the tokens stay recorded; the next call starts a new segment
+                    field, why = failed
+                    self._break_segment()
+                    raise APIError(400, f"choice {ch.index}: {field} {why} (the endpoint validates "
+                                   "the reply, it does not constrain decoding; retry the call)",
+                                   param=field, code=f"{field}_not_satisfied")
             c0 = choices[0]
             builder.record_step(Action(text=reply, tool_calls=c0.tool_calls,
                                        final_answer=None if c0.tool_calls else (c0.content or "")))
@@ -273,6 +292,31 @@ class Session:
             raise APIError(404, f"session {self.id!r} was closed", code="session_closed")
         return list(outs)
 
+    async def _add_top_logprobs(self, ch: Choice, c: Completion, context: np.ndarray,
+                                params: SamplingParams, k: int) -> Choice:
+        top = await asyncio.to_thread(top_logprobs, self.engine, context, c.token_ids,
+                                      params.temperature, k)
+        assert ch.logprobs is not None
+        dec = self.tokenizer.decode
+        lp = [(t, v, [(dec([a]), b) for a, b in alts]) for (t, v, _), alts in zip(ch.logprobs, top)]
+        return dataclasses.replace(ch, logprobs=lp)
+
+    @staticmethod
+    def _unsatisfied(ch: Choice, req: ChatRequest) -> tuple[str, str] | None:
+        """(field, why) when a choice does not satisfy the request's tool_choice /
+        response_format (validated after decoding, which is not constrained), else None."""
+        if req.tool_choice == "required" and not ch.tool_calls:
+            return "tool_choice", "'required': the model made no (well-formed) tool call"
+        if req.tool_choice == "function":
+            names = sorted({t.name for t in ch.tool_calls})
+            if names != [req.forced_tool]:
+                return ("tool_choice", f"function {req.forced_tool!r}: the model called "
+                        f"{names or 'no tool'}")
+        if ch.tool_calls:
+            return None
+        why = check_response_format(ch.content, req.response_format, req.json_schema)
+        return None if why is None else ("response_format", f"{req.response_format}: {why}")
+
     def _choice(self, index: int, c: Completion, req: ChatRequest, reply: str | None) -> Choice:
         text = reply if reply is not None else self._decode(c.token_ids)
         finish = _finish(c.finish_reason)
@@ -287,15 +331,16 @@ class Session:
             if parsed.errors:  # a malformed call stays visible as text; the agent sees it
                 self._counts["parse_errors"] += len(parsed.errors)
             else:
+                found = parsed.tool_calls if req.parallel_tool_calls else parsed.tool_calls[:1]
                 calls = tuple(
                     dataclasses.replace(call, id=f"call_{self.id[:8]}_{self._calls + j}")
-                    for j, call in enumerate(parsed.tool_calls))
+                    for j, call in enumerate(found))
                 self._calls += len(calls)
                 if calls:
                     content, finish = parsed.content or None, "tool_calls"
         lp = None
         if req.logprobs:
-            lp = [(self.tokenizer.decode([int(t)]), float(v)) for t, v in zip(c.token_ids, c.logprobs)]
+            lp = [(self.tokenizer.decode([int(t)]), float(v), ()) for t, v in zip(c.token_ids, c.logprobs)]
         return Choice(index=index, content=content, tool_calls=calls, finish_reason=finish,
                       logprobs=lp, completion_tokens=c.num_tokens)
 
