@@ -155,7 +155,9 @@ def _drop_late_orbax_errors() -> None:
     traceback each (dozens), printed through `sys.excepthook` after the save has returned,
     and Orbax logs each failed commit. From then on exactly those are dropped (and Orbax's
     logs below CRITICAL): the caller raises `DiskFullError`, which says it all."""
-    for name in ("absl", "orbax"):  # their late "failed to commit" logs repeat it too
+    # Their late "failed to commit" logs, and asyncio's "exception was never retrieved" for
+    # Orbax's abandoned write futures (logged when they are collected), repeat it too.
+    for name in ("absl", "orbax", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     previous = sys.excepthook
     if getattr(previous, "_agentax_drops_closed_loop", False):
