@@ -19,8 +19,9 @@ Model: Qwen3-0.6B-shaped (`ModelConfig.qwen3_0_6b()`), random weights, bfloat16.
   episodes of T tokens, half of them trained: 3 x the forward FLOPs (LM head on the trained
   positions) per second over peak; with `train_predicted_peak_bytes_*` (`update_memory`, the
   analysis of benchmarks/memory.py) beside the device's peak memory
-  (`train_peak_device_memory_bytes_*`, cumulative: it includes the engine benchmarks before).
-  (R, T) in (8 x 1,024, 1 x 32,768).
+  (`train_peak_device_memory_bytes_*`: the train steps run first, smallest first, so each
+  peak is its own step's) and `train_measured_over_predicted_*` (that peak less the bytes
+  held before the trainer existed, over the prediction). (R, T) in (8 x 1,024, 1 x 32,768).
 * engine_compiles (kernel compilations of the run), peak_device_memory_bytes.
 
 On CPU it prints why it skips and exits 0 (the last line is still JSON). `--cpu-smoke` runs
@@ -261,15 +262,24 @@ def main(argv=None) -> dict:
     out: dict = {"device": str(getattr(device, "device_kind", device.platform)),
                  "model": "tiny (cpu smoke)" if args.cpu_smoke else "qwen3-0.6b shape, random bf16",
                  "params": total, "hbm_bytes_per_s": hbm, "peak_flops": peak}
+    # The train steps run first, largest last: the device's peak counter only grows, so each
+    # step's peak is read before any engine cache exists, over the bytes already held (the
+    # bf16 model the trainer copies its float32 master weights from).
+    for rows, tokens in shapes["train"]:
+        held = (device.memory_stats() or {}).get("bytes_in_use")
+        out.update(bench_train(model, rows, tokens, shapes["reps"], peak, body))
+        key = f"{rows}x{tokens}"
+        peak_now = (device.memory_stats() or {}).get("peak_bytes_in_use")
+        out[f"train_peak_device_memory_bytes_{key}"] = peak_now
+        if peak_now is not None and held is not None:
+            out[f"train_measured_over_predicted_{key}"] = (
+                (peak_now - held) / out[f"train_predicted_peak_bytes_{key}"])
+        print(json.dumps({k: v for k, v in out.items() if key in k}), flush=True)
     for batch in shapes["batches"]:
         for ctx in shapes["contexts"]:
             out.update(bench_decode(model, batch, ctx, shapes["calls"], hbm, weight_bytes, free))
             print(json.dumps({k: v for k, v in out.items() if f"b{batch}_" in k}), flush=True)
     out.update(bench_prefill(model, *shapes["prefill"], shapes["reps"], peak, body))
-    for rows, tokens in shapes["train"]:
-        out.update(bench_train(model, rows, tokens, shapes["reps"], peak, body))
-        out[f"train_peak_device_memory_bytes_{rows}x{tokens}"] = (
-            device.memory_stats() or {}).get("peak_bytes_in_use")
     out["engine_compiles"] = compiled_count() - compiles0
     out["peak_device_memory_bytes"] = (device.memory_stats() or {}).get("peak_bytes_in_use")
     out["wall_s"] = time.perf_counter() - t0
