@@ -615,8 +615,115 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
     }
 
 
+PREFIX_CONFIG = EngineConfig(max_slots=16, max_seq_len=1088, prefill_chunk=256,
+                             min_prefill_bucket=16, kv_cache_tokens=16 * 1088 + 64 * 48)
+"""The prefix benchmarks' engine: 16 slots (one group), 1,024-token prompts, a paged cache
+with room for every group member's own tokens and the system-prompt episodes' pages."""
+
+
+def _group_run(engine, prompt, n=16, max_tokens=16):
+    params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=j) for j in range(n)]
+    return asyncio.run(_continuous(engine, [prompt] * n, params))
+
+
+def bench_prefix(model, pairs=3, group=16, prompt_len=1024, episodes=64, system_len=512):
+    """Prefix sharing on the paged cache (docs/engine.md).
+
+    * group_prefill_fraction — one group of `group` samples of one `prompt_len`-token prompt
+      submitted together: prompt tokens the engine prefilled over group x prompt_len.
+    * group_shared_over_unshared — that group's wall time (prefill and 16 sampled tokens
+      each) on an engine with `prefix_sharing=False` over one with sharing (same kernels,
+      median of alternating pairs, a fresh random prompt for every run, so the index never
+      holds it beforehand).
+    * system_prompt_hit_fraction — `episodes` requests whose prompts share a `system_len`
+      prefix (then 32 tokens of their own), submitted together, after the first: prefix
+      tokens served from the cache over the prefix tokens they asked for.
+      system_prompt_hits_across_update — prefix tokens the first such request after a
+      weight update (bound 0) was served from KV of the weights before: must be 0.
+    """
+    rng = np.random.default_rng(11)
+    shared = Engine(model, PREFIX_CONFIG)
+    unshared = Engine(model, dataclasses.replace(PREFIX_CONFIG, prefix_sharing=False))
+    out = {}
+    try:
+        for engine in (shared, unshared):  # warm-up: compiles every shape the runs meet
+            _group_run(engine, rng.integers(0, 256, prompt_len).tolist())
+        s0 = shared.stats().prefill_tokens
+        _group_run(shared, rng.integers(0, 256, prompt_len).tolist(), group)
+        out["group_prefill_fraction"] = (
+            (shared.stats().prefill_tokens - s0) / (group * prompt_len))
+        ratios = []
+        for _ in range(pairs):
+            _, t_on = timed(lambda: _group_run(shared, rng.integers(0, 256, prompt_len).tolist()))
+            _, t_off = timed(lambda: _group_run(unshared,
+                                                rng.integers(0, 256, prompt_len).tolist()))
+            ratios.append(t_off / t_on)
+        out["group_shared_over_unshared"] = float(np.median(ratios))
+        out["group_shared_s"], out["group_unshared_s"] = t_on, t_off
+
+        system = rng.integers(0, 256, system_len).tolist()
+        prompts = [system + rng.integers(0, 256, 32).tolist() for _ in range(episodes)]
+        params = [SamplingParams(temperature=1.0, max_tokens=8, seed=i) for i in range(episodes)]
+        outs = asyncio.run(_continuous(shared, prompts, params))
+        hits = sum(min(o.cached_prompt_tokens, system_len) for o in outs[1:])
+        out["system_prompt_hit_fraction"] = hits / ((episodes - 1) * system_len)
+        shared.update_weights(nnx.split(model)[1], version=shared.policy_version + 1)
+        after = asyncio.run(_continuous(shared, prompts[:1], params[:1]))[0]
+        out["system_prompt_hits_across_update"] = after.cached_prompt_tokens
+        out["prefix_compiles"] = shared.num_compiles
+    finally:
+        shared.shutdown()
+        unshared.shutdown()
+    return out
+
+
+def tp_study(devices=8):
+    """Tensor parallelism on `devices` fake CPU devices (run in its own process: the device
+    count is fixed when JAX starts). A float32 tiny model with 8 kv heads, 16 prompts, greedy:
+    tp{N}_greedy_equal (1: every token equal to one device's), tp{N}_kv_bytes_per_device_ratio
+    and tp{N}_weight_bytes_per_device_ratio (bytes on one device over the whole),
+    tp{N}_tokens_per_s_over_1 (CPU devices share the same cores: not a speed figure)."""
+    model = Transformer(ModelConfig.tiny(num_heads=8, num_kv_heads=8, head_dim=16),
+                        rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 256, int(n)).tolist() for n in rng.integers(8, 60, 16)]
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    config = EngineConfig(max_slots=16, max_seq_len=128, prefill_chunk=64,
+                          kv_cache_tokens=16 * 128)
+    out, tokens = {}, {}
+    for tp in (1, devices):
+        with Engine(model, dataclasses.replace(config, tensor_parallel=tp)) as engine:
+            engine.generate_batch(prompts, params)  # compiles
+            outs, t = timed(lambda: engine.generate_batch(prompts, params))
+            tokens[tp] = [o.token_ids.tolist() for o in outs]
+            out[f"tp{tp}_tokens_per_s"] = sum(o.num_tokens for o in outs) / t
+            if tp > 1:
+                w = engine._weights
+                out[f"tp{tp}_kv_bytes_per_device_ratio"] = (
+                    engine.kv_cache_bytes_per_device / engine.kv_cache_bytes)
+                out[f"tp{tp}_weight_bytes_per_device_ratio"] = (
+                    sum(x.addressable_shards[0].data.nbytes for x in w) / sum(x.nbytes for x in w))
+    out[f"tp{devices}_greedy_equal"] = float(tokens[1] == tokens[devices])
+    out[f"tp{devices}_tokens_per_s_over_1"] = (out[f"tp{devices}_tokens_per_s"]
+                                               / out["tp1_tokens_per_s"])
+    return out
+
+
+def tp_figures(devices=8):
+    """`tp_study` in a child process with `devices` fake CPU devices."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    proc = subprocess.run([sys.executable, __file__, "--tp-study"], capture_output=True,
+                          text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tp study failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats,
-               filled_pairs=3):
+               filled_pairs=3, prefix_pairs=3):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
     # precompile: every shape the traffic may meet (which row/span buckets a run meets
     # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
@@ -650,6 +757,8 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
                                 episodes))
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
+    if prefix_pairs:
+        out.update(bench_prefix(model, pairs=prefix_pairs))
     if steps_sweep:
         out.update(bench_config_sweep(model, prompts, lengths, config, steps_sweep))
     return out
@@ -664,7 +773,12 @@ def main() -> None:
                         help="only compare sliding-window rings with whole-slot sliding layers")
     parser.add_argument("--paging-study", action="store_true",
                         help="only compare a paged KV cache with span buckets (docs/engine.md)")
+    parser.add_argument("--tp-study", action="store_true",
+                        help="only tensor parallelism over fake CPU devices (set XLA_FLAGS)")
     args = parser.parse_args()
+    if args.tp_study:
+        print(json.dumps({k: round(v, 4) for k, v in tp_study(len(jax.devices())).items()}))
+        return
     if args.ring_study:
         print(json.dumps({k: round(v, 4) for k, v in ring_study().items()}))
         return
@@ -679,16 +793,16 @@ def main() -> None:
         # (1.85-2.02 against 2.09): quick and full share one engine config since. Two timed
         # pairs each (three until 2026-12-03: 56-61 s wall on 2 cores, on the 60 s limit).
         plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
-                             repeats=2, filled_pairs=2)}
+                             repeats=2, filled_pairs=2, prefix_pairs=1)}
     else:
         plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
                              steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",
                                           "chunk_16", "chunk_32", "chunk_128", "rows_32"),
-                             repeats=3, filled_pairs=5)}
+                             repeats=3, filled_pairs=5, prefix_pairs=3)}
         if args.with_small:
             # One pair: a small-preset decode step is ~150 ms on the shared CPU.
             plan["small"] = dict(slots=32, requests=256, hf_requests=64, episodes=64,
-                                 steps_sweep=(), repeats=1, filled_pairs=0)
+                                 steps_sweep=(), repeats=1, filled_pairs=0, prefix_pairs=0)
     results = {}
     for name, kw in plan.items():
         t = time.perf_counter()
@@ -704,9 +818,15 @@ def main() -> None:
                 "kv_cache_bytes", "compiles"):
         if f"{head}/{key}" in figures:
             figures[key] = figures[f"{head}/{key}"]
-    for key in ("decode_over_bare_filled", "decode_cost_growth"):  # measured on tiny
+    for key in ("decode_over_bare_filled", "decode_cost_growth", "group_prefill_fraction",
+                "group_shared_over_unshared", "system_prompt_hit_fraction",
+                "system_prompt_hits_across_update"):  # measured on tiny
         figures[key] = figures[f"tiny/{key}"]
     figures["continuous_over_static_tiny"] = figures["tiny/continuous_over_static"]
+    figures.update(tp_figures())
+    # The kernels a 64-slot, 32k-token engine may compile (what precompile compiles).
+    figures["engine_kernels_qwen3_0_6b_32k"] = len(
+        EngineConfig(max_slots=64, max_seq_len=32768, kv_cache_tokens=64 * 32768).kernel_shapes())
     figures["workload"] = (
         f"lognormal outputs (median {MEDIAN_LEN}, sigma {SIGMA}, cap {MAX_TOKENS}), prompts "
         "16-64, arrival order fixed; 4-turn episodes, 50 ms tools"

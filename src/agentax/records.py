@@ -92,7 +92,10 @@ class Completion:
     """[T] int32 policy version of the weights that produced each token."""
     finish_reason: FinishReason
     prompt_len: int = 0
-    """Number of prompt tokens the engine prefilled for this call (new tokens only on continuation)."""
+    """Prompt tokens of this call (new tokens only on a continuation)."""
+    cached_prompt_tokens: int = 0
+    """Tokens of the sequence served from KV pages shared with earlier prompts instead of
+    prefilled (`EngineConfig.prefix_sharing`; for a new sequence at most `prompt_len`)."""
     sequence_id: int | None = None
     """Handle of the engine sequence; pass it back to continue the conversation without re-prefill."""
     queue_time_s: float = 0.0

@@ -196,7 +196,7 @@ def test_precompiled_engine_generates_without_compiling(model, monkeypatch):
             assert (os.getpriority(os.PRIO_PROCESS, engine._thread.native_id)
                     == os.getpriority(os.PRIO_PROCESS, 0))
         compiled = engine.num_compiles
-        assert compiled == len(config.attend_buckets) * (
+        assert compiled == len(config.kernel_shapes()) == len(config.attend_buckets) * (
             1 + len(config.prefill_buckets) * len(config.prefill_row_buckets))
         outs = engine.generate_batch(prompts, SamplingParams(temperature=0.0, max_tokens=20))
         assert engine.num_compiles == compiled  # every shape it used was compiled ahead

@@ -3,6 +3,8 @@ reasons and stop strings. No JAX, no device: the tests drive it with made-up sam
 
 from __future__ import annotations
 
+import collections
+
 import subprocess
 import sys
 import time
@@ -277,9 +279,13 @@ def finish_all(sched, token=5):
 
 
 def assert_pages_consistent(sched):
-    held = [p for seq in sched.sequences.values() for p in seq.pages]
-    assert len(held) == len(set(held)) and not set(held) & set(sched.free_pages)
-    assert len(held) + len(sched.free_pages) == PAGED.kv_pages == sched.config.kv_pages
+    """Each page is held as often as sequences list it; free, cached and held pages add up."""
+    sched.pool.check()
+    held = collections.Counter(p for seq in sched.sequences.values() for p in seq.pages)
+    assert all(sched.pool.refs[p] == n for p, n in held.items())
+    assert set(held) == {p for p, n in enumerate(sched.pool.refs) if n}
+    assert (len(held) + len(sched.free_pages) + len(sched.pool.lru)
+            == sched.config.kv_pages)
     assert sched.holders == sum(1 for seq in sched.sequences.values() if seq.pages)
     for seq in sched.sequences.values():
         if seq.slot is not None:  # running: its slot's row of the table lists its pages
@@ -359,7 +365,9 @@ def test_paged_continuations_that_cannot_both_fit_do_not_deadlock():
     assert_pages_consistent(sched)
     finish_all(sched)
     sched.admit()  # now the first is parked: evicted for the second
-    assert conts[1].pending == conts[1].seq.tokens and len(conts[1].seq.pages) == 3
+    # Prefilled again, but for its first full page, which its first prefill indexed.
+    assert conts[1].seq.cached == 16 and conts[1].cached_prompt_tokens == 16
+    assert conts[1].pending == conts[1].seq.tokens[16:] and len(conts[1].seq.pages) == 3
     assert sched.counts["evictions"] == 2
     finish_all(sched)
     assert [r.result.num_tokens for r in conts] == [10, 10]

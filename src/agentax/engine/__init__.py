@@ -2,7 +2,8 @@
 
 `Engine(model, EngineConfig(...), eos_token_ids=...)` owns a preallocated KV cache (rows of
 `max_slots` sequences, or a pool of pages with `kv_cache_tokens`) and a background step thread; `await engine.generate(ids, params,
-sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions.
+sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions;
+`engine.stream(...)` yields its `TokenChunk`s as they are sampled, then the `Completion`.
 See docs/engine.md.
 
 The config, stats and error types import no JAX; `Engine` loads JAX on first use (so the
@@ -15,7 +16,13 @@ import importlib
 from typing import TYPE_CHECKING
 
 from agentax.engine._config import EngineConfig, EngineStats
-from agentax.engine._requests import EngineClosed, EngineError, PromptTooLong, SequenceError
+from agentax.engine._requests import (
+    EngineClosed,
+    EngineError,
+    PromptTooLong,
+    SequenceError,
+    TokenChunk,
+)
 
 if TYPE_CHECKING:
     from agentax.engine._compilation import enable_compilation_cache
@@ -34,6 +41,7 @@ __all__ = [
     "EngineStats",
     "PromptTooLong",
     "SequenceError",
+    "TokenChunk",
     "enable_compilation_cache",
 ]
 

@@ -54,6 +54,23 @@ class EngineConfig:
     request waits until its pages are free (parked sequences are evicted for them, least
     recently continued first). A decode call's working set (max_slots x its span bucket, all
     layers) comes on top in both layouts (docs/engine.md). At least max_seq_len - 1."""
+    prefix_sharing: bool = True
+    """With a paged cache: requests whose prompts start with the same full 16-token pages
+    share those pages instead of prefilling them again (a group's samples, a system prompt
+    and tool list repeated across episodes). Pages a prefill wrote are indexed by their
+    tokens and everything before them; a shared page is never written (copy on write for the
+    one page a prompt ending on a page boundary must rewrite). Requests submitted together
+    with the same prompt wait for the first one's prefill, then share it. Off: every prompt
+    is prefilled. No effect without `kv_cache_tokens`."""
+    prefix_version_bound: int = 0
+    """How many policy versions shared KV may lag the engine's current weights: K/V computed
+    under version v is reused only while `current - v <= prefix_version_bound` (0: only KV of
+    the current weights, so a shared prompt is exactly what a fresh prefill would compute)."""
+    tensor_parallel: int = 1
+    """Devices the engine is sharded over (tensor parallelism): attention heads, MLP columns
+    and rows and the vocabulary by the trainer's partition rules, the KV cache by kv heads, so
+    each device holds about 1/N of the weights and of the cache. The N devices from the
+    model's first one (or the mesh given to `Engine`). num_kv_heads must divide by N."""
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
@@ -89,6 +106,10 @@ class EngineConfig:
             f"min_attend_bucket must be a power of two, got {self.min_attend_bucket}",
         )
         need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
+        need(self.tensor_parallel >= 1,
+             f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        need(self.prefix_version_bound >= 0,
+             f"prefix_version_bound must be >= 0, got {self.prefix_version_bound}")
         need(self.kv_cache_tokens == 0 or self.kv_cache_tokens >= self.max_seq_len - 1,
              f"kv_cache_tokens={self.kv_cache_tokens} cannot hold one sequence of max_seq_len="
              f"{self.max_seq_len}: set it to 0 (a row per slot) or >= {self.max_seq_len - 1}")
@@ -140,6 +161,17 @@ class EngineConfig:
     def attend_bucket(self, length: int) -> int:
         """The shortest attention span covering positions [0, length)."""
         return next((b for b in self.attend_buckets if b >= length), self.max_seq_len)
+
+    def kernel_shapes(self) -> list[tuple]:
+        """Every kernel shape traffic can meet (what `precompile` compiles): ("decode", span)
+        per attention span and ("prefill", rows, chunk, span) per row bucket, chunk bucket
+        and span that holds the chunk. Its length is the engine's compilation count at most."""
+        shapes: list[tuple] = [("decode", span) for span in self.attend_buckets]
+        for rows in self.prefill_row_buckets:
+            for chunk in self.prefill_buckets:
+                shapes += [("prefill", rows, chunk, span) for span in self.attend_buckets
+                           if span >= min(chunk, self.max_seq_len)]
+        return shapes
 
     def row_bucket(self, rows: int) -> int:
         return next(b for b in self.prefill_row_buckets if b >= rows)
@@ -194,3 +226,7 @@ class EngineStats:
     """The most pages held at once since construction."""
     kv_sequences_peak: int = 0
     """The most sequences holding pages at once (running or parked) since construction."""
+    prefix_hit_tokens: int = 0
+    """Prompt tokens served from shared pages instead of prefilled (`prefix_sharing`)."""
+    kv_pages_cached: int = 0
+    """Indexed pages nobody holds now: kept for later prompts, reused last when pages run out."""

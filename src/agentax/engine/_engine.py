@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import jax
@@ -37,6 +37,7 @@ from agentax.engine._requests import (
     EngineError,
     PromptTooLong,
     SequenceError,
+    TokenChunk,
     _Request,
     _resolve,
 )
@@ -91,6 +92,9 @@ class Engine:
       tokenizer: anything with `decode(ids) -> str`; needed only for stop strings.
       tracer: an `agentax.trace` tracer; None uses `agentax.trace.get_tracer()`.
       policy_version: version of the initial weights (tagged on every token they produce).
+      mesh: a `jax.sharding.Mesh` whose 'tensor' axis the engine is sharded over (tensor
+        parallelism; its other axes must be 1, e.g. `agentax.models.make_mesh(tensor=8)`).
+        Default: `config.tensor_parallel` devices from the model's first one.
 
     The engine starts its step thread at construction; call `shutdown()` (or use it as a
     context manager) to stop it; engines still running at interpreter exit are shut down then.
@@ -107,6 +111,7 @@ class Engine:
         tokenizer: Any = None,
         tracer: Any = None,
         policy_version: int = 0,
+        mesh: Any = None,
     ):
         self._start_time = time.perf_counter()
         self.config = cfg = config or EngineConfig()
@@ -119,13 +124,14 @@ class Engine:
             )
         self.tokenizer = tokenizer
         self._compiles_at_start = compiled_count()
-        self._runner = Runner(model, cfg)
+        self._runner = Runner(model, cfg, mesh)
         self.kv_cache_bytes = self._runner.kv_cache_bytes
         self._sched = Scheduler(
             cfg, eos_token_ids=self.eos_token_ids,
             decode=tokenizer.decode if tokenizer is not None else None, resolve=_resolve,
         )
         self._version = int(policy_version)
+        self._sched.version = self._version
         self._first_step_s: float | None = None
 
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
@@ -180,6 +186,43 @@ class Engine:
         except asyncio.CancelledError:
             self._post("cancel", req, check=False)
             raise
+
+    async def stream(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        params: SamplingParams | None = None,
+        *,
+        sequence_id: int | None = None,
+    ) -> AsyncIterator[TokenChunk | Completion]:
+        """Generates a completion, yielding its tokens as the step thread samples them.
+
+        Same arguments, errors and slot use as `generate`. Yields `TokenChunk`s (the first
+        sampled token after the prefill, then up to `EngineConfig.decode_steps_per_call`
+        tokens per decode call), then the final `Completion` as the last item: its
+        `token_ids` are the chunks' ids concatenated. The step thread never waits for the
+        consumer (chunks queue on the caller's loop).
+
+        Closing the iterator early (`break` inside `contextlib.aclosing(engine.stream(...))`,
+        or cancelling the task that iterates it) cancels the request: its slot is freed and
+        its sequence forgotten, as when a `generate` call is cancelled.
+        """
+        req = self._make_request(prompt_ids, params, sequence_id)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenChunk | None] = asyncio.Queue()
+        req.loop, req.future, req.on_tokens = loop, loop.create_future(), queue.put_nowait
+        # resolved after every chunk of the request was queued (call_soon_threadsafe is FIFO)
+        req.future.add_done_callback(lambda _: queue.put_nowait(None))
+        self._post("submit", req)
+        try:
+            while (chunk := await queue.get()) is not None:
+                yield chunk
+            yield req.future.result()
+        finally:
+            if not req.future.done():
+                req.future.cancel()  # the step thread's late result is dropped
+                self._post("cancel", req, check=False)
+            elif not req.future.cancelled():
+                req.future.exception()  # retrieved: no "never retrieved" warning on early close
 
     def generate_batch(
         self,
@@ -253,6 +296,16 @@ class Engine:
         self._wake.set()
 
     @property
+    def mesh(self):
+        """The mesh the engine is sharded over (None: one device)."""
+        return self._runner.mesh
+
+    @property
+    def kv_cache_bytes_per_device(self) -> int:
+        """Bytes of the KV cache on each device (`kv_cache_bytes` / the tensor-parallel size)."""
+        return self._runner.kv_bytes_per_device()
+
+    @property
     def policy_version(self) -> int:
         """Version of the weights the engine decodes with now."""
         return self._version
@@ -307,6 +360,8 @@ class Engine:
             kv_pages_used=sched.pages_used(),
             kv_pages_peak=c["kv_pages_peak"],
             kv_sequences_peak=c["kv_sequences_peak"],
+            prefix_hit_tokens=c["prefix_hit_tokens"],
+            kv_pages_cached=len(sched.pool.lru),
         )
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
@@ -395,11 +450,14 @@ class Engine:
                     break
                 version = self._runner.apply_staged()
                 if version is not None:
-                    self._version = version
+                    self._version = self._sched.version = version
                 if self._paused:
                     self._wake.wait(self.config.idle_wait_s)
                     continue
                 self._sched.admit()
+                copies = self._sched.pool.take_copies()
+                if copies:  # copy-on-write pages, before any kernel writes into them
+                    self._runner.copy_pages(copies)
                 worked = self._prefill()
                 worked = self._decode() or worked
                 if not worked:

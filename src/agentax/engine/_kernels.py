@@ -26,7 +26,7 @@ from agentax.engine._sampling import RowSampling, sample_tokens
 from agentax.models import KVCache
 
 __all__ = ["ModelDef", "prefill_chunk", "decode_steps", "prefill_chunk_paged",
-           "decode_steps_paged", "compiled_count"]
+           "decode_steps_paged", "copy_pages", "compiled_count"]
 
 
 class ModelDef:
@@ -240,6 +240,16 @@ def decode_steps_paged(model_def, weights, pool: KVCache, table_sn, state_4s,
     return out_tok, out_lp, counts, pool
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def copy_pages(pool: KVCache, src_n: jax.Array, dst_n: jax.Array) -> KVCache:
+    """Copies pages `src_n` onto `dst_n` in every layer (copy on write of shared pages);
+    padding entries carry a destination past the pool (written nowhere)."""
+    def copy(p):
+        return p.at[dst_n].set(p[jnp.minimum(src_n, p.shape[0] - 1)], mode="drop")
+
+    return KVCache(tuple(map(copy, pool.k)), tuple(map(copy, pool.v)))
+
+
 def _merge(model_def: ModelDef, weights):
     return nnx.merge(model_def.graphdef, jax.tree.unflatten(model_def.treedef, weights))
 
@@ -247,4 +257,4 @@ def _merge(model_def: ModelDef, weights):
 def compiled_count() -> int:
     """Compilations held by the engine kernels' caches (shared by every engine in the process)."""
     return int(sum(k._cache_size() for k in (prefill_chunk, decode_steps, prefill_chunk_paged,
-                                             decode_steps_paged)))
+                                             decode_steps_paged, copy_pages)))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from agentax.records import SamplingParams
 
-__all__ = ["EngineClosed", "EngineError", "PromptTooLong", "SequenceError"]
+__all__ = ["EngineClosed", "EngineError", "PromptTooLong", "SequenceError", "TokenChunk"]
 
 
 class EngineError(RuntimeError):
@@ -33,6 +34,24 @@ class SequenceError(ValueError):
     """A continuation names a sequence that is unknown (released, cancelled) or busy."""
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenChunk:
+    """Tokens `Engine.stream` yields as the step thread samples them (before the `Completion`).
+
+    A chunk holds what one engine call added to the completion: the first token after the
+    prefill, then up to `EngineConfig.decode_steps_per_call` tokens per decode call. Chunks
+    are never taken back: a stop string cuts only tokens that were not yet streamed, so the
+    chunks concatenate to the final `Completion.token_ids`.
+    """
+
+    token_ids: np.ndarray
+    """[k] int32 sampled ids, in order."""
+    logprobs: np.ndarray
+    """[k] float32 behaviour logprob of each id."""
+    versions: np.ndarray
+    """[k] int32 policy version of the weights that sampled each id."""
+
+
 @dataclasses.dataclass(eq=False)
 class _Sequence:
     """A conversation's token history and where its KV cache lives."""
@@ -49,6 +68,8 @@ class _Sequence:
     last_used: int = 0
     pages: list[int] = dataclasses.field(default_factory=list)
     """Pages of a paged cache holding its K/V, in position order (empty without a slot)."""
+    keys: list[int] = dataclasses.field(default_factory=list)
+    """Prefix-index keys of its leading pages that are indexed (its own or shared ones)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -67,6 +88,18 @@ class _Request:
     out_logprobs: list[float] = dataclasses.field(default_factory=list)
     out_versions: list[int] = dataclasses.field(default_factory=list)
     stop_set: frozenset[int] = frozenset()
+    prompt_keys: list[int] | None = None
+    """Prefix-index keys of the full pages of a fresh sequence's tokens (computed once)."""
+    inflight: list[int] = dataclasses.field(default_factory=list)
+    """Keys of pages this request's prefill will write, that identical prompts wait for."""
+    prefill_start: int = 0
+    """The sequence's cached length when this request's prefill started."""
+    prefill_version: int | None = None
+    """Oldest policy version among this request's prefill calls so far."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens served from shared pages (not prefilled)."""
+    on_tokens: Callable[[TokenChunk], None] | None = None
+    """Called on the caller's loop with each chunk of new tokens (`Engine.stream`)."""
     done: bool = False
     result: Any = None
     """What the scheduler resolved it with when no event loop waits (its own tests)."""
@@ -88,4 +121,21 @@ def _resolve(req: _Request, *, result: Any = None, exc: BaseException | None = N
     try:
         req.loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the caller's loop is closed; nobody is waiting
+        pass
+
+
+def _emit_tokens(req: _Request, start: int) -> None:
+    """Hands `req.out_tokens[start:]` to its token sink on the caller's loop (from the step
+    thread: `call_soon_threadsafe` never blocks it, and runs the sink before the later
+    `_resolve` of the same request). Without a loop (the scheduler's own tests) it calls the
+    sink here."""
+    chunk = TokenChunk(token_ids=np.asarray(req.out_tokens[start:], np.int32),
+                       logprobs=np.asarray(req.out_logprobs[start:], np.float32),
+                       versions=np.asarray(req.out_versions[start:], np.int32))
+    if req.loop is None:
+        req.on_tokens(chunk)
+        return
+    try:
+        req.loop.call_soon_threadsafe(req.on_tokens, chunk)
+    except RuntimeError:  # the caller's loop is closed; nobody is listening
         pass

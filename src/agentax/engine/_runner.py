@@ -13,13 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from agentax.engine._config import PAGE, EngineConfig
-from agentax.engine._kernels import (ModelDef, compiled_count, decode_steps, decode_steps_paged,
-                                     prefill_chunk, prefill_chunk_paged)
+from agentax.engine._kernels import (ModelDef, compiled_count, copy_pages, decode_steps,
+                                     decode_steps_paged, prefill_chunk, prefill_chunk_paged)
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
-from agentax.models import KVCache, init_cache, kv_cache_bytes
+from agentax.models import KVCache, init_cache, kv_cache_bytes, make_mesh, param_shardings
 
 __all__ = ["Runner"]
 
@@ -30,21 +31,32 @@ class Runner:
     Args:
       model: the `Transformer` whose weights are used (never donated).
       config: the engine's sizes.
+      mesh: shard over this mesh's 'tensor' axis (None: `config.tensor_parallel` devices
+        from the model's first one; one device when that is 1).
     """
 
-    def __init__(self, model: nnx.Module, config: EngineConfig):
+    def __init__(self, model: nnx.Module, config: EngineConfig, mesh: Mesh | None = None):
         self.config = cfg = config
         graphdef, state = nnx.split(model)
         weights, treedef = jax.tree.flatten(state)
         self.model_def = ModelDef(graphdef, treedef)
-        # Committed to one device: jit keys its cache on committedness, so weights from a
-        # trainer (always committed) would otherwise recompile every kernel on first use. A
-        # model sharded over a trainer's mesh is gathered onto the mesh's first device (the
-        # engine runs on one device).
         device = min(weights[0].sharding.device_set, key=lambda d: d.id)
-        self.weights = [jax.device_put(w, w.sharding if w.sharding.device_set == {device}
-                                       else jax.sharding.SingleDeviceSharding(device))
-                        for w in weights]
+        self.mesh = mesh = _engine_mesh(device, cfg, mesh, model.config)
+        if mesh is None:
+            # Committed to one device: jit keys its cache on committedness, so weights from a
+            # trainer (always committed) would otherwise recompile every kernel on first use.
+            # A model sharded over a trainer's mesh is gathered onto the mesh's first device.
+            self._place = jax.sharding.SingleDeviceSharding(device)
+            self.weights = [jax.device_put(w, w.sharding if w.sharding.device_set == {device}
+                                           else self._place) for w in weights]
+            kv = self._place
+        else:
+            # Tensor parallel: attention heads, MLP columns / rows and the vocabulary over the
+            # 'tensor' axis (the trainer's rules); the K/V cache over its kv-head axis. XLA
+            # inserts the collectives; host arrays (tables, sampling) are replicated.
+            self._place = NamedSharding(mesh, P())
+            self.weights = jax.tree.leaves(jax.device_put(state, param_shardings(state, mesh)))
+            kv = NamedSharding(mesh, P(None, "tensor"))
         # The cache too: an uncommitted first cache compiled the first prefill shape twice
         # (once for the fresh cache, once for the committed one the kernel returns).
         # Sliding-window layers hold rings sized for the longest call (a prefill chunk or a
@@ -53,14 +65,13 @@ class Runner:
                     max_tokens_per_call=max(cfg.prefill_chunk, cfg.decode_steps_per_call))
         self.paged = cfg.kv_pages > 0
         if self.paged:  # every layer a pool of pages (no rings: a page holds any position)
-            self.cache = jax.device_put(_page_pool(model.config, cfg), device)
+            self.cache = jax.device_put(_page_pool(model.config, cfg), kv)
             self.kv_cache_bytes = sum(c.nbytes for c in self.cache.k + self.cache.v)
         else:
             self.cache = jax.device_put(
-                init_cache(model.config, cfg.max_slots, cfg.max_seq_len, **ring), device)
+                init_cache(model.config, cfg.max_slots, cfg.max_seq_len, **ring), kv)
             self.kv_cache_bytes = kv_cache_bytes(model.config, cfg.max_slots, cfg.max_seq_len,
                                                  **ring)
-        self._device = device
         self._table: jax.Array | None = None
         self._table_version = -1
         self._sampling_version = -1
@@ -116,9 +127,18 @@ class Runner:
         """The scheduler's page table on the device, re-sent only when it changed."""
         if self._table_version != sched.table_version:
             # A copy: on CPU device_put may alias the numpy buffer the scheduler edits later.
-            self._table = jax.device_put(sched.page_table.copy(), self._device)
+            self._table = jax.device_put(sched.page_table.copy(), self._place)
             self._table_version = sched.table_version
         return self._table
+
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Makes the scheduler's copy-on-write page copies (sources, destinations)."""
+        n = 1 << (len(copies) - 1).bit_length()  # a power of two: few compilations
+        src = np.zeros(n, np.int32)
+        dst = np.full(n, self.config.kv_pages, np.int32)  # padding: past the pool, dropped
+        src[:len(copies)], dst[:len(copies)] = zip(*copies)
+        self.cache = self._timed(copy_pages, self.cache, jax.device_put(src, self._place),
+                                 jax.device_put(dst, self._place))
 
     def prefill(self, plan: PrefillPlan, sched: Scheduler):
         """Runs one prefill call; returns device arrays (tokens [R], logprobs [R])."""
@@ -158,35 +178,68 @@ class Runner:
         return jax.device_get((out_tok, out_lp, counts))
 
     def precompile(self) -> None:
-        """Compiles decode at every attention span and prefill at every (row bucket, chunk
-        bucket, span that holds the chunk), on inputs that write nothing."""
+        """Compiles every shape of `config.kernel_shapes()` (decode per attention span,
+        prefill per row bucket, chunk bucket and span that holds the chunk), on inputs that
+        write nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
         # Paged: a table of zeros (page 0 for every slot) is read, never written.
-        table = jax.device_put(np.zeros((s, -(-t_max // PAGE)), np.int32), self._device)
+        table = jax.device_put(np.zeros((s, -(-t_max // PAGE)), np.int32), self._place)
         decode, prefill = ((decode_steps_paged, prefill_chunk_paged) if self.paged
                            else (decode_steps, prefill_chunk))
         paged = (table,) if self.paged else ()
         tail = (t_max,) if self.paged else ()
-        for span in cfg.attend_buckets:
-            state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
-            ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
-            sampling = RowSampling(ones, zeros, ones, jnp.zeros((s,), jnp.uint32))
-            *_, self.cache = self._timed(
-                decode, self.model_def, self.weights, self.cache, *paged, jnp.asarray(state),
-                sampling, jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
-                cfg.decode_steps_per_call, span, *tail,
-            )
-        for r in cfg.prefill_row_buckets:
+        for kind, *shape in cfg.kernel_shapes():
+            if kind == "decode":
+                state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
+                ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
+                sampling = RowSampling(ones, zeros, ones, jnp.zeros((s,), jnp.uint32))
+                *_, self.cache = self._timed(
+                    decode, self.model_def, self.weights, self.cache, *paged,
+                    jnp.asarray(state), sampling, jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
+                    cfg.decode_steps_per_call, shape[0], *tail,
+                )
+                continue
+            r, c, span = shape
             zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
             sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
-            for c in cfg.prefill_buckets:
-                for span in (b for b in cfg.attend_buckets if b >= min(c, t_max)):
-                    *_, self.cache = self._timed(
-                        prefill, self.model_def, self.weights, self.cache, *paged,
-                        jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
-                        sampling, span, *tail,
-                    )
+            *_, self.cache = self._timed(
+                prefill, self.model_def, self.weights, self.cache, *paged,
+                jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
+                sampling, span, *tail,
+            )
         jax.block_until_ready(self.cache)
+
+
+    def kv_bytes_per_device(self) -> int:
+        """Bytes of the K/V cache held on one device (the whole cache without a mesh)."""
+        return sum(c.addressable_shards[0].data.nbytes for c in self.cache.k + self.cache.v)
+
+
+def _engine_mesh(device, cfg: EngineConfig, mesh: Mesh | None, model_config) -> Mesh | None:
+    """The mesh the engine shards over, checked: only its 'tensor' axis may exceed 1, and
+    it must divide the model's kv heads (the cache is split by them)."""
+    tp = cfg.tensor_parallel
+    if mesh is None and tp == 1:
+        return None
+    if mesh is None:
+        devices = jax.devices(device.platform)
+        start = devices.index(device)
+        if start + tp > len(devices):
+            raise ValueError(
+                f"EngineConfig.tensor_parallel={tp} needs {tp} devices from {device}, only "
+                f"{len(devices) - start} there (on CPU set XLA_FLAGS="
+                f"--xla_force_host_platform_device_count={tp} before importing jax)")
+        mesh = make_mesh(tensor=tp, devices=devices[start:start + tp])
+    other = {a: n for a, n in mesh.shape.items() if a != "tensor" and n > 1}
+    if "tensor" not in mesh.shape or other:
+        raise ValueError(f"the engine shards over a mesh's 'tensor' axis only; got axes "
+                         f"{dict(mesh.shape)} (use agentax.models.make_mesh(tensor=N))")
+    tp = mesh.shape["tensor"]
+    if model_config.num_kv_heads % tp:
+        raise ValueError(f"tensor parallelism over {tp} devices splits the KV cache by kv "
+                         f"heads: num_kv_heads={model_config.num_kv_heads} is not divisible "
+                         f"by {tp}")
+    return mesh
 
 
 def _as_dtype(x, dtype):

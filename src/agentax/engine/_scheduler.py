@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 
 from agentax.engine._config import PAGE, EngineConfig
-from agentax.engine._requests import PromptTooLong, SequenceError, _Request, _Sequence
+from agentax.engine._pages import ROOT, PagePool, chain_keys
+from agentax.engine._requests import (
+    PromptTooLong,
+    SequenceError,
+    _emit_tokens,
+    _Request,
+    _Sequence,
+)
 from agentax.records import Completion, FinishReason
 
 __all__ = ["Scheduler", "PrefillPlan", "DecodePlan"]
@@ -146,11 +153,16 @@ class Scheduler:
         """Bumped whenever a slot's sampling settings or stop ids change (runner re-sends)."""
         self.slot_seq: list[_Sequence | None] = [None] * s
         self.paged = cfg.kv_pages > 0
-        self.free_pages = list(range(cfg.kv_pages - 1, -1, -1))  # pop() takes the lowest
+        self.pool = PagePool(cfg.kv_pages, sharing=self.paged and cfg.prefix_sharing,
+                             version_bound=cfg.prefix_version_bound)
+        self.version = 0
+        """The policy version the engine decodes with now (prefix reuse is checked against it)."""
         self.page_table = np.zeros((s, pages_for(cfg.max_seq_len)), np.int32)
         self.table_version = 0
         """Bumped whenever `page_table` changes (the runner re-sends it)."""
         self.holders = 0
+        self._inflight: dict[int, _Request] = {}
+        """Prefix keys being prefilled now -> the request prefilling them."""
         """Sequences holding pages now (running or parked)."""
 
         self.sequences: collections.OrderedDict[int, _Sequence] = collections.OrderedDict()
@@ -234,7 +246,7 @@ class Scheduler:
             seq = req.seq
             new_slot = seq.slot is None
             if new_slot:
-                if blocked:
+                if blocked or self._waits_for_prefix(req):
                     continue
                 slot = self._find_slot()
                 if slot is None:
@@ -243,6 +255,7 @@ class Scheduler:
                 seq.slot = slot
                 if not seq.pages:  # a parked paged sequence keeps what its pages hold
                     seq.cached = 0
+                    self._attach_prefix(req)
                 self.slot_seq[slot] = seq
             if self.paged and not self._reserve(req, new_slot):
                 if new_slot:  # keeps no slot while it waits
@@ -274,9 +287,99 @@ class Scheduler:
 
     def _free_pages(self, seq: _Sequence, keep: int) -> None:
         if len(seq.pages) > keep:
-            self.free_pages.extend(seq.pages[keep:])
-            del seq.pages[keep:]
+            for page in seq.pages[keep:]:
+                self.pool.drop(page)
+            del seq.pages[keep:], seq.keys[keep:]
             self.holders -= not seq.pages
+
+    @property
+    def free_pages(self) -> list[int]:
+        """Pages nobody holds and no prefix entry names."""
+        return self.pool.free
+
+    # ------------------------------------------------------------------ prefix sharing
+
+    def _prompt_keys(self, req: _Request) -> list[int]:
+        if req.prompt_keys is None:
+            req.prompt_keys = chain_keys(req.seq.tokens) if self.pool.sharing else []
+        return req.prompt_keys
+
+    def _waits_for_prefix(self, req: _Request) -> bool:
+        """Whether a fresh sequence's next page past what the index serves is being prefilled
+        by another request now: it then waits to share that prefill instead of repeating it."""
+        seq = req.seq
+        if seq.pages or not self.pool.sharing or not self._inflight:
+            return False
+        keys, parent = self._prompt_keys(req), ROOT
+        for i, key in enumerate(keys):
+            tokens = seq.tokens[i * PAGE:(i + 1) * PAGE]
+            if self.pool.usable(key, parent, tokens, self.version) is None:
+                return key in self._inflight
+            parent = key
+        return False
+
+    def _attach_prefix(self, req: _Request) -> None:
+        """Gives a fresh sequence (no pages yet) the indexed pages its tokens start with: its
+        prefill then starts after them. A prompt that ends on a page boundary re-feeds its
+        last token (its next one is sampled from it) into a private copy of the last page."""
+        seq, pool = req.seq, self.pool
+        keys = self._prompt_keys(req)
+        pages = pool.match(seq.tokens, keys, self.version)
+        if not pages:
+            return
+        if len(pages) * PAGE >= len(seq.tokens):
+            if pool.available():
+                pages[-1] = pool.copy_on_write(pages[-1])
+                seq.keys = keys[:len(pages) - 1]
+            else:  # no page to copy into: prefill that page again
+                pool.drop(pages.pop())
+                seq.keys = keys[:len(pages)]
+            seq.cached = min(len(pages) * PAGE, len(seq.tokens) - 1)
+        else:
+            seq.keys = keys[:len(pages)]
+            seq.cached = len(pages) * PAGE
+        if pages:
+            seq.pages = pages
+            self.holders += 1
+            req.cached_prompt_tokens = seq.cached
+            # What is prefilled after these pages attends to them: it is as old as they are.
+            req.prefill_version = min(pool.index[k].version for k in seq.keys) if seq.keys \
+                else self.version
+            self.counts["prefix_hit_tokens"] += seq.cached
+
+    def _register_pages(self, req: _Request) -> None:
+        """Indexes the full pages of a request's sequence that its prefills wrote, in
+        order after those already indexed (a chain has no gaps)."""
+        seq, pool = req.seq, self.pool
+        full = seq.cached // PAGE
+        if len(seq.keys) >= full or len(seq.keys) * PAGE < req.prefill_start:
+            return
+        parent = seq.keys[-1] if seq.keys else ROOT
+        for i in range(len(seq.keys), full):
+            tokens = seq.tokens[i * PAGE:(i + 1) * PAGE]
+            key = chain_keys(tokens, parent=parent)[0]
+            pool.register(key, parent, tokens, seq.pages[i], req.prefill_version, self.version)
+            seq.keys.append(key)
+            self._inflight.pop(key, None)
+            parent = key
+
+    def _mark_inflight(self, req: _Request) -> None:
+        """Records the keys of the full pages the request is about to prefill (identical
+        prompts admitted meanwhile wait for them, `_waits_for_prefix`)."""
+        seq = req.seq
+        if not self.pool.sharing or len(seq.keys) * PAGE != seq.cached:
+            return
+        parent = seq.keys[-1] if seq.keys else ROOT
+        for key in chain_keys(seq.tokens, start=len(seq.keys), parent=parent):
+            if key not in self._inflight:
+                self._inflight[key] = req
+                req.inflight.append(key)
+
+    def _clear_inflight(self, req: _Request) -> None:
+        for key in req.inflight:
+            if self._inflight.get(key) is req:
+                del self._inflight[key]
+        req.inflight.clear()
 
     def _reserve(self, req: _Request, new_slot: bool) -> bool:
         """Gives `req`'s sequence (which holds a slot, `new_slot` if just given) the pages of
@@ -287,7 +390,7 @@ class Scheduler:
         seq = req.seq
         written = min(len(seq.tokens) + req.params.max_tokens - 1, self.config.max_seq_len - 1)
         need = pages_for(written) - len(seq.pages)
-        while len(self.free_pages) < need:
+        while self.pool.available() < need:
             parked = next((q for q in self.sequences.values() if q.request is None and q.pages),
                           None)
             if parked is not None:
@@ -299,7 +402,7 @@ class Scheduler:
             self._evict(behind[0])
         if need > 0:
             self.holders += not seq.pages
-            seq.pages.extend(self.free_pages.pop() for _ in range(need))
+            seq.pages.extend(self.pool.take() for _ in range(need))
             c = self.counts
             c["kv_pages_peak"] = max(c["kv_pages_peak"], self.pages_used())
             c["kv_sequences_peak"] = max(c["kv_sequences_peak"], self.holders)
@@ -310,12 +413,14 @@ class Scheduler:
 
     def pages_used(self) -> int:
         """Pages held by sequences (0 without a paged cache)."""
-        return self.config.kv_pages - len(self.free_pages)
+        return self.pool.used()
 
     def _start(self, req: _Request) -> None:
         seq, slot, p = req.seq, req.seq.slot, req.params
         req.admit_time = time.perf_counter()
         req.pending = seq.tokens[seq.cached:]
+        req.prefill_start = seq.cached
+        self._mark_inflight(req)
         self.temperature[slot] = p.temperature
         self.top_k[slot] = p.top_k
         self.top_p[slot] = p.top_p
@@ -388,6 +493,10 @@ class Scheduler:
         for req, n in plan.rows:
             del req.pending[:n]
             req.seq.cached += n
+            if self.pool.sharing:
+                req.prefill_version = min(version, req.prefill_version
+                                          if req.prefill_version is not None else version)
+                self._register_pages(req)
         if not any(not req.pending for req, _ in plan.rows):
             return
         self.prefilling = collections.deque(q for q in self.prefilling if q.pending)
@@ -462,6 +571,8 @@ class Scheduler:
                     del seq.tokens[-drop:]
                 seq.cached = min(seq.cached, len(seq.tokens) - 1)
                 reason = FinishReason.STOP
+        if req.on_tokens is not None and len(req.out_tokens) > n_before:
+            _emit_tokens(req, n_before)  # streamed (Engine.stream) before it is resolved
         if reason is None:
             last, p = req.out_tokens[-1], req.params
             if last in self.eos_token_ids:
@@ -500,6 +611,7 @@ class Scheduler:
         now = time.perf_counter()
         req.done = True
         seq.request = None
+        self._clear_inflight(req)
         self._use_clock += 1
         seq.last_used = self._use_clock
         if seq.slot is not None:
@@ -516,6 +628,7 @@ class Scheduler:
             versions=np.asarray(req.out_versions, np.int32),
             finish_reason=reason,
             prompt_len=int(req.ids.size),
+            cached_prompt_tokens=req.cached_prompt_tokens,
             sequence_id=seq.id,
             queue_time_s=(req.admit_time or now) - req.submit_time,
             total_time_s=now - req.submit_time,
@@ -527,6 +640,7 @@ class Scheduler:
     def fail(self, req: _Request, exc: BaseException) -> None:
         """Resolves one request with an error; its half-written sequence is forgotten."""
         req.done = True
+        self._clear_inflight(req)
         self.counts["failed"] += 1
         seq = req.seq
         if seq is not None and seq.request is req:

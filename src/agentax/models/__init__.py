@@ -3,10 +3,15 @@
 from agentax.models._checkpoint import load_pretrained, read_hf_config, save_pretrained
 from agentax.models._config import BYTE_VOCAB_SIZE, ModelConfig, RopeScaling
 from agentax.models._hf_config import config_from_hf, config_to_hf
+from agentax.models._sharding import (DEFAULT_PARTITION_RULES, MESH_AXES, make_mesh,
+                                      param_sharding_fn, param_shardings, partition_spec_for,
+                                      shard_params)
 from agentax.models._transformer import KVCache, Transformer, init_cache, kv_cache_bytes
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
+    "DEFAULT_PARTITION_RULES",
+    "MESH_AXES",
     "KVCache",
     "ModelConfig",
     "RopeScaling",
@@ -16,6 +21,11 @@ __all__ = [
     "init_cache",
     "kv_cache_bytes",
     "load_pretrained",
+    "make_mesh",
+    "param_sharding_fn",
+    "param_shardings",
+    "partition_spec_for",
     "read_hf_config",
     "save_pretrained",
+    "shard_params",
 ]

@@ -7,10 +7,13 @@
   same device list. Publishing reshards: `jax.device_put` moves each parameter from the
   trainer's sharding onto the engine's device, between two decode steps.
 
-`Placement.split(devices, engine_devices=k)` carves a device list into the two sets;
-`placement.engine_model(model)` puts a model on the engine's device (build the Engine from it
-under `placement.engine_scope()`), and `placement.publisher()` is the `publish` callable for
-`Pipeline`.
+Either way the engine may span several devices (`engine_devices=k`): it is then sharded over
+them by tensor parallelism (`engine_mesh`, a mesh whose 'tensor' axis has k devices), and
+publishing reshards each parameter from the trainer's sharding onto the engine's, with no
+gather onto one device. `Placement.split(devices, engine_devices=k)` carves a device list
+into the two sets; `placement.engine_model(model)` puts a model on the engine's devices (build
+the Engine from it under `placement.engine_scope()`, passing `mesh=placement.engine_mesh`),
+and `placement.publisher()` is the `publish` callable for `Pipeline`.
 """
 
 from __future__ import annotations
@@ -29,17 +32,24 @@ __all__ = ["Placement"]
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Devices of the trainer (a mesh) and of the engine (one device)."""
+    """Devices of the trainer (a mesh) and of the engine (one device, or a tensor mesh)."""
 
     kind: Literal["colocated", "disaggregated"]
     trainer_mesh: Mesh | None
     engine_device: Any
+    """The engine's (first) device."""
+    engine_mesh: Mesh | None = None
+    """The engine's tensor-parallel mesh when it spans several devices (pass it to `Engine`)."""
 
     @classmethod
-    def colocated(cls, trainer_mesh: Mesh | None = None) -> "Placement":
-        """Engine on the first device of the trainer's mesh (or the default device)."""
-        device = trainer_mesh.devices.flat[0] if trainer_mesh is not None else jax.devices()[0]
-        return cls("colocated", trainer_mesh, device)
+    def colocated(cls, trainer_mesh: Mesh | None = None, *,
+                  engine_devices: int = 1) -> "Placement":
+        """Engine on the first `engine_devices` devices of the trainer's mesh (or of
+        `jax.devices()`), tensor-parallel when more than one."""
+        devices = (list(trainer_mesh.devices.flat) if trainer_mesh is not None
+                   else jax.devices())
+        return cls("colocated", trainer_mesh, devices[0],
+                   _engine_mesh(devices[:engine_devices], engine_devices))
 
     @classmethod
     def split(cls, devices: Sequence[Any] | None = None, *, engine_devices: int = 1) -> "Placement":
@@ -51,11 +61,8 @@ class Placement:
         from agentax.train import make_mesh
 
         devices = list(jax.devices() if devices is None else devices)
-        if engine_devices != 1:
-            raise ValueError(
-                "engine_devices must be 1: the engine runs on one device (use "
-                "agentax.scale.EngineRouter for several replicas)"
-            )
+        if engine_devices < 1:
+            raise ValueError(f"engine_devices must be >= 1, got {engine_devices}")
         if len(devices) < engine_devices + 1:
             raise ValueError(
                 f"a disaggregated placement needs at least {engine_devices + 1} devices, have "
@@ -63,15 +70,20 @@ class Placement:
             )
         trainer_devices = devices[: len(devices) - engine_devices]
         mesh = make_mesh(data=len(trainer_devices), devices=trainer_devices)
-        return cls("disaggregated", mesh, devices[-1])
+        engine = devices[len(devices) - engine_devices:]
+        return cls("disaggregated", mesh, engine[0], _engine_mesh(engine, engine_devices))
 
     def engine_scope(self) -> contextlib.AbstractContextManager:
         """Context in which to build the Engine (its KV cache lands on the engine device)."""
         return jax.default_device(self.engine_device)
 
     def engine_model(self, model: nnx.Module) -> nnx.Module:
-        """A copy of `model` whose parameters live on the engine device."""
+        """A copy of `model` whose parameters live on the engine's device(s)."""
         graphdef, state = nnx.split(model)
+        if self.engine_mesh is not None:
+            from agentax.models import shard_params
+
+            return nnx.merge(graphdef, shard_params(state, self.engine_mesh))
         return nnx.merge(graphdef, jax.device_put(state, self.engine_device))
 
     def publisher(self):
@@ -80,11 +92,23 @@ class Placement:
 
         def publish(trainer: Any, engine: Any, version: int) -> None:
             state = trainer.params_for_engine()
+            if self.engine_mesh is not None:
+                # The engine puts each parameter onto its own sharding (a reshard per tensor).
+                engine.update_weights(state, version)
+                return
             if self.kind == "disaggregated" or _devices_of(state) != {device}:
                 state = jax.device_put(state, device)  # reshard onto the engine's device
             engine.update_weights(state, version)
 
         return publish
+
+
+def _engine_mesh(devices: Sequence[Any], n: int) -> Mesh | None:
+    from agentax.models import make_mesh
+
+    if n < 1 or n > len(devices):
+        raise ValueError(f"engine_devices={n} needs {n} devices, have {len(devices)}")
+    return make_mesh(tensor=n, devices=devices[:n]) if n > 1 else None
 
 
 def _devices_of(tree: Any) -> set:
