@@ -5,9 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # The code sandbox (agentax.tools.Sandbox) confines programs with bubblewrap; setpriv and prlimit
-# come from util-linux. Installed only when running as root (otherwise ask an admin).
-if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq bubblewrap util-linux >/dev/null
+# come from util-linux. The tests open the page of `agentax show --html` in a headless Chromium
+# (tests/cli/test_transcripts.py; skipped without it). Installed only when running as root on
+# Debian (otherwise ask an admin).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  command -v bwrap >/dev/null || missing+=(bubblewrap util-linux)
+  command -v chromium >/dev/null || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
 fi
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 . .venv/bin/activate

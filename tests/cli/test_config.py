@@ -56,7 +56,8 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
 @pytest.mark.parametrize("overrides,reason,fix", [
     (["pipeline.group_size=1"], "zero advantage", "pipeline.group_size>=2"),
     (["pipeline.max_staleness=-1"], "max_staleness must be >= 0", ""),
-    (["engine.max_slots=8"], "holds an engine slot", "engine.max_slots=32"),
+    (["engine.max_slots=8", "engine.kv_cache_tokens=0"], "holds an engine slot",
+     "engine.max_slots=32"),
     (["sampling.temperature=0"], "identical", "sampling.temperature>0"),
     (["engine.max_seq_len=100"], "holds the whole episode", "engine.max_seq_len"),
     (["collector.max_episode_tokens=512"], "holds the whole episode",  # both knobs in one go

@@ -43,3 +43,15 @@ def test_the_eval_line_counts_episodes_cut_by_the_collector_limits():
     assert "(8 episodes, 0 failed, 6 cut short by collector limits, " in greedy.line()
     assert sampled.to_metrics()["eval/sampled/cut_short"] == 12  # summary.json, metrics.jsonl
     assert "cut short" not in dataclasses.replace(greedy, cut=0).line()
+
+
+def test_a_metric_an_episode_does_not_report_counts_as_absent_not_as_present():
+    from agentax.cli._evaluate import aggregate
+
+    # `hole` is reported only by the episode that fell in one: a rate of 1/4, not 1.0.
+    episodes = [{"success": 1.0, "moves": 4.0}, {"success": 0.0, "hole": 1.0, "moves": 2.0},
+                {"success": 0.0, "moves": 3.0}, {"success": 1.0, "moves": 5.0}]
+    assert aggregate(episodes) == {"success": 0.5, "hole": 0.25, "moves": 3.5}
+    # A step where no episode reports it has no value for it (not 0, not an earlier one).
+    assert "hole" not in aggregate([{"success": 1.0}, {"success": 0.0}])
+    assert aggregate([]) == {}

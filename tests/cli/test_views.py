@@ -81,3 +81,39 @@ def test_curves_show_the_sft_loss_beside_the_rl_rates(tmp_path):
     plain = image.imread(plot_curves(rl, tmp_path / "rl.png"))
     both = image.imread(plot_curves(sft + rl, tmp_path / "both.png"))
     assert both.shape[1] > plain.shape[1] * 1.4  # a second panel: the SFT loss
+
+
+def test_curves_leave_a_gap_where_a_step_did_not_report_a_metric(tmp_path):
+    import math
+
+    from agentax.cli._plots import plot_curves, series
+
+    rows = [{"phase": "rl", "step": s, "success": 0.5, **({"hole": 0.25} if s in (1, 4) else {})}
+            for s in range(1, 5)]
+    steps, values = series(rows, "hole")
+    assert steps == [1, 2, 3, 4] and values[0] == values[3] == 0.25
+    assert math.isnan(values[1]) and math.isnan(values[2])  # a gap, not a line across
+    assert plot_curves(rows, tmp_path / "c.png").stat().st_size > 0
+
+
+def test_every_cli_warning_prints_in_one_format(capsys):
+    import logging
+    from pathlib import Path
+
+    import agentax.cli
+    from agentax.cli._console import log_lines, print_warning
+
+    # The library's log warnings (a root handler set up by an imported library printed them as
+    # `WARNING:agentax.rollout._collector:...`) and the CLI's own, quiet (-q) or not.
+    with log_lines():
+        logging.getLogger("agentax.rollout._collector").warning("%d episodes cut", 3)
+    print_warning(Console(quiet=True), "no RL step for a while; pipeline.filters=[]")
+    buf = io.StringIO()
+    print_warning(Console(file=buf, force_terminal=False), "resumed [x]")
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: 3 episodes cut", "warning: no RL step for a while; pipeline.filters=[]"]
+    assert buf.getvalue() == "warning: resumed [x]\n"
+    assert logging.getLogger("agentax").propagate  # restored after the command
+    for path in Path(agentax.cli.__file__).parent.glob("*.py"):
+        if path.name != "_console.py":  # the one place that formats them
+            assert "[yellow]warning" not in path.read_text(), path

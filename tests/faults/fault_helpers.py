@@ -157,9 +157,10 @@ def checkpoint_dirs(run_dir: Path) -> list[str]:
 
 
 def error_lines(stderr: str) -> list[str]:
-    """The non-empty stderr lines that are not log/warning chatter of libraries."""
+    """The non-empty stderr lines that are not warnings (agentax's `warning: ...`) or log
+    chatter of libraries."""
     return [line for line in stderr.splitlines() if line.strip()
-            and not line.startswith(("WARNING", "INFO", "W0", "I0", "E0"))]
+            and not line.startswith(("warning: ", "WARNING", "INFO", "W0", "I0", "E0"))]
 
 
 # ----------------------------------------------------------------------------- bad inputs

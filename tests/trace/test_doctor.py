@@ -43,7 +43,8 @@ def test_report_numbers_match_the_synthetic_run(runs):
     assert lat[names.ENV_STEP].p99_s > 2 * lat[names.ENV_STEP].p50_s  # lognormal tail
     assert env.trainer_wait_fraction > 0.5 and env.engine_mean_waiting < 1
     assert max(env.episode_time_shares, key=env.episode_time_shares.get) == "env"
-    assert env.knobs == {"max_concurrency": 16, "max_staleness": 2, "max_slots": 32}
+    assert env.knobs == {"max_concurrency": 16, "max_staleness": 2, "max_slots": 32,
+                         "max_tokens": None}
     assert env.metrics_records == cfg.train_steps
     trainer = runs["trainer"]
     assert trainer.trainer_busy_fraction > 0.9
@@ -60,7 +61,8 @@ def test_balanced_run_and_missing_config(tmp_path):
     os.remove(tmp_path / "config.yaml")
     report = doctor.analyze(tmp_path)
     assert report.bottleneck == "balanced", doctor.format_report(report)
-    assert report.knobs == {"max_concurrency": None, "max_staleness": None, "max_slots": None}
+    assert report.knobs == {"max_concurrency": None, "max_staleness": None, "max_slots": None,
+                            "max_tokens": None}
 
 
 def test_timeline_series_and_errors(runs, tmp_path):
@@ -133,3 +135,21 @@ def test_wall_time_starts_at_the_first_traced_work_not_at_tracer_start(tmp_path)
     assert report.wall_s == pytest.approx(2.0, rel=1e-6)
     episode = next(s for s in report.stages if s.name == names.EPISODE)
     assert episode.active_fraction == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("max_tokens,shorten", [(256, True), (8, False)])
+def test_generation_bound_advice_skips_max_tokens_already_at_its_floor(tmp_path, max_tokens,
+                                                                      shorten):
+    # Model calls dominate, concurrency already equals the slots: the advice would be shorter
+    # generations, unless sampling.max_tokens is already at the floor (it said so at 8).
+    cfg = SyntheticRun(max_concurrency=8, max_slots=8, max_staleness=4, env_s=0.01,
+                       env_sigma=0.1, tool_s=0.01, reward_s=0.01, model_s=1.0, train_s=0.1)
+    simulate_run(tmp_path, cfg)
+    with open(tmp_path / "config.yaml", "a", encoding="utf-8") as f:
+        f.write(f"sampling:\n  max_tokens: {max_tokens}\n")
+    report = doctor.analyze(tmp_path)
+    assert report.bottleneck == "model", doctor.format_report(report)
+    assert report.knobs["max_tokens"] == max_tokens
+    assert ("shorten generations" in report.suggestion) == shorten, report.suggestion
+    if not shorten:
+        assert "already short (sampling.max_tokens=8)" in report.suggestion

@@ -260,11 +260,15 @@ class TrajectoryBuilder:
         timings: Mapping[str, float] | None = None,
         info: Mapping[str, Any] | None = None,
     ) -> Trajectory:
-        """The finished `Trajectory`: arrays of length T, loss mask 1 exactly on generated ids.
+        """The finished `Trajectory`: arrays of length T, loss mask 1 exactly on generated ids;
+        `info["messages"]` holds the conversation (`Message`s, assistant turns verbatim).
 
         May be called at any point (an episode that failed early builds what it has; before
         `start` the stream is empty)."""
         out_info = dict(info or {})
+        # The conversation as the model saw it, with roles (transcripts show it; the
+        # messages already exist, so keeping them costs nothing).
+        out_info["messages"] = tuple(self._messages)
         out_info["template_divergences"] = len(self._divergences)
         if self._divergences:
             out_info["template_divergence"] = self.divergences

@@ -1,6 +1,6 @@
 """agentax.cli: the `agentax` command and the typed run configuration behind it.
 
-* `main(argv)` — `agentax train | sft | eval | doctor | export | config`.
+* `main(argv)` — `agentax train | sft | eval | show | doctor | export | serve | config`.
 * `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
   `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own
   configs), `load_config(path, overrides)`, `parse_overrides`, `dump_config`.

@@ -291,7 +291,24 @@ class TracingConfig:
     tensorboard: bool = False
     """Also write TensorBoard event files to RUN_DIR/tensorboard."""
     doctor: bool = True
-    """Print the doctor's summary at the end of `train`."""
+    """Print the doctor's summary at the end of `train` (the full report goes to
+    RUN_DIR/doctor.txt)."""
+    transcripts_fraction: float = 0.02
+    """Share of the trained RL episodes written to RUN_DIR/transcripts.jsonl (the
+    conversation, raw model text, parsed actions, reward, token counts, policy versions; read
+    them with `agentax show RUN_DIR`). Chosen by a hash of run.seed and the episode, so a
+    resume keeps the same ones; 0 = none, 1 = all."""
+    eval_transcripts: int = 8
+    """Episodes written to RUN_DIR/transcripts.jsonl from the start of every evaluation, per
+    mode (greedy, sampled): the same tasks before and after RL; 0 = none."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.transcripts_fraction <= 1.0:
+            raise ConfigError("tracing.transcripts_fraction must be in [0, 1] (a share of the "
+                              f"trained episodes), got {self.transcripts_fraction}")
+        if self.eval_transcripts < 0:
+            raise ConfigError("tracing.eval_transcripts must be >= 0 (episodes per evaluation "
+                              f"and mode), got {self.eval_transcripts}")
 
 # ----------------------------------------------------------------------------- the demo defaults
 
@@ -304,8 +321,9 @@ def _demo_engine() -> EngineConfig:
     # One chunk shape (prompts and continuations are ~20-30 tokens) and prefill calls of at
     # most 8 rows (row buckets 1, 2, 4, 8): 5 kernels to compile instead of 7, about 2 s each
     # on 2 cores; 32 new episodes then take 4 prefill calls, which costs less than that.
+    # Paged, with the bytes of 32 rows: a group's samples share their prompt's full pages.
     return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=32, min_prefill_bucket=32,
-                        max_prefill_rows=8, decode_steps_per_call=8)
+                        max_prefill_rows=8, decode_steps_per_call=8, kv_cache_tokens=32 * 160)
 
 def _demo_sampling() -> SamplingParams:
     return SamplingParams(temperature=1.0, max_tokens=64)

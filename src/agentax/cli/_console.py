@@ -7,10 +7,61 @@ the end; the view prints plain lines instead, one per step but at most one every
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any, Mapping
 
+__all__ = ["ConsoleView", "log_lines", "print_warning", "warn_line"]
+
 PLAIN_EVERY_S = 2.0
+
+
+def warn_line(text: str) -> None:
+    """A warning as plain stderr text, in the one format of every CLI warning."""
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
+def print_warning(console: Any, text: str) -> None:
+    """A warning on a rich console: `warning: ...` (yellow on a terminal); printed even when
+    the console is quiet (`-q` silences progress, not what went wrong)."""
+    from rich.markup import escape
+
+    if console.quiet:
+        warn_line(text)
+    else:
+        console.print(f"[yellow]warning[/yellow]: {escape(text)}")
+
+
+class _LineFormatter(logging.Formatter):
+    """`warning: message`: the library's log records in the CLI's format."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+@contextlib.contextmanager
+def log_lines() -> Iterator[None]:
+    """While a command runs, agentax's log warnings and errors print as `warning: ...` /
+    `error: ...` like the CLI's own, not in whatever format an imported library gave the root
+    logger (`WARNING:agentax.rollout._collector:...`)."""
+    logger = logging.getLogger("agentax")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_LineFormatter())
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 class ConsoleView:

@@ -3,7 +3,9 @@
 Every episode yields `episode_metrics(trajectory)`: its `reward`, `success` (reward > 0), the
 agent's `turns` and `parse_errors`, and whatever the environment reported in
 `StepResult.info["metrics"]` (the collector gathers them in `Trajectory.info["metrics"]`).
-`agentax train` averages them per RL step and per evaluation, with no task-specific code.
+`agentax train` averages them per RL step and per evaluation, with no task-specific code
+(`aggregate`: an episode that does not report a name counts 0; a step where none does has no
+value for it).
 """
 
 from __future__ import annotations
@@ -38,15 +40,20 @@ def episode_metrics(traj: Trajectory) -> dict[str, float]:
 
 
 def aggregate(episodes: Iterable[Mapping[str, float]]) -> dict[str, float]:
-    """Mean of each metric over the episodes that report it (core metrics first)."""
+    """Mean of each metric over all the episodes (core metrics first).
+
+    An episode that does not report a name counts 0 for it, so a flag or a count reported only
+    when it happens gives its rate, not 1.0 (the mean of the episodes that reported it). A name
+    that no episode reports is absent from the result: never a 0, never an earlier value.
+    """
     sums: dict[str, float] = collections.defaultdict(float)
-    counts: dict[str, int] = collections.defaultdict(int)
+    count = 0
     for m in episodes:
+        count += 1
         for key, value in m.items():
             sums[key] += value
-            counts[key] += 1
     order = [k for k in CORE_METRICS if k in sums] + sorted(k for k in sums if k not in CORE_METRICS)
-    return {k: sums[k] / counts[k] for k in order}
+    return {k: sums[k] / count for k in order}
 
 
 def task_metric_names(metrics: Mapping[str, Any]) -> tuple[str, ...]:
@@ -70,6 +77,8 @@ class EvalResult:
     slot), not by the environment: the limits, not the policy, ended them."""
     policy_version: int
     seconds: float
+    examples: tuple[Trajectory, ...] = ()
+    """The first episodes, in task order (`evaluate(keep=)`): the run's transcripts."""
 
     @property
     def success_rate(self) -> float:
@@ -106,10 +115,12 @@ async def evaluate(
     samples: int = 1,
     max_concurrency: int = 32,
     seed: int = 0,
+    keep: int = 0,
 ) -> list[EvalResult]:
     """Runs every task once greedily (if `greedy`) and `samples` times sampled.
 
-    Episodes run concurrently (at most `max_concurrency`), batched by the engine.
+    Episodes run concurrently (at most `max_concurrency`), batched by the engine. Each result
+    keeps its first `keep` episodes (`EvalResult.examples`).
     """
     results = []
     modes = ([("greedy", 1)] if greedy else []) + ([("sampled", samples)] if samples else [])
@@ -133,6 +144,6 @@ async def evaluate(
         results.append(EvalResult(
             mode=mode, metrics=aggregate(episode_metrics(t) for t in trajs), episodes=len(trajs),
             failed=sum(t.status not in ok for t in trajs), cut=sum(map(cut_short, trajs)),
-            policy_version=version,
-            seconds=time.perf_counter() - t0))
+            policy_version=version, seconds=time.perf_counter() - t0,
+            examples=tuple(trajs[:keep])))
     return results

@@ -1,4 +1,4 @@
-"""The `agentax` command: train | sft | eval | doctor | export | serve | config."""
+"""The `agentax` command: train | sft | eval | show | doctor | export | serve | config."""
 
 from __future__ import annotations
 
@@ -235,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     with_config("sft", "supervised warm start only").set_defaults(fn=_cmd_sft)
     with_config("eval", "success rate and reward on held-out tasks (CONFIG may be a run dir)"
                 ).set_defaults(fn=_cmd_eval)
+    from agentax.cli._show import add_parser as add_show_parser
+
+    add_show_parser(add)
     p = add("doctor", help="explain a run from its trace and metrics")
     p.add_argument("run_dir")
     p.add_argument("--timeline", action="store_true", help="also write RUN_DIR/timeline.png")
@@ -292,12 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for bad input (config, files, paths), 1 for anything else, 128 + N after signal N (130
     Ctrl-C, 143 SIGTERM). `--debug` prints the traceback instead.
     """
+    from agentax.cli._console import log_lines
     from agentax.cli._signals import Interrupted, received
 
     args = _parse(argv)
     previous = _install_interrupt_handlers()
     try:
-        return args.fn(args)
+        with log_lines():
+            return args.fn(args)
     except Interrupted as e:
         print(f"agentax {args.command}: {e}", file=sys.stderr)
         _release_quietly(e)

@@ -1,8 +1,14 @@
 """The run's plots: learning curves (every per-episode rate the task reports, per RL step) and
-the doctor's stage timeline."""
+the doctor's stage timeline.
+
+A step (or an evaluation) that does not report a metric leaves a gap in its curve: the
+metric is absent there, not 0 and not the last value (`series`; `aggregate` in _evaluate.py
+says when a step reports one).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +17,7 @@ from typing import Any
 from agentax.trace import TIMELINE_FILENAME, names
 from agentax.trace.doctor import DoctorReport, analyze
 
-__all__ = ["plot_curves", "render_timeline_png"]
+__all__ = ["plot_curves", "render_timeline_png", "series"]
 
 _SKIP = ("phase", "step", "policy_version", "episodes", "wall_s", "success_trained", "reward",
          "reward_trained", "staleness", "staleness_mean", "traj_per_s", "train_s",
@@ -29,6 +35,13 @@ def _rates(records: Sequence[dict[str, Any]]) -> list[str]:
     keep = [k for k in found
             if all(0.0 <= r[k] <= 1.0 for r in records if isinstance(r.get(k), (int, float)))]
     return sorted(keep, key=lambda k: (k != "success", k))
+
+
+def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:
+    """(steps, values) over every row, NaN where a row lacks `key`: the curve has a gap at a
+    step that did not report the metric, not a line drawn across it (nor a 0)."""
+    values = [float(r[key]) if isinstance(r.get(key), (int, float)) else math.nan for r in rows]
+    return [r["step"] for r in rows], values
 
 
 def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
@@ -63,14 +76,15 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     rates = _rates(rl)
     for i, name in enumerate(rates):
-        ax.plot([r["step"] for r in rl if name in r], [r[name] for r in rl if name in r], "-",
+        # Small markers: a step that reports the metric between two that do not stays visible.
+        ax.plot(*series(rl, name), "-", marker=".", markersize=3,
                 color=colors[i % len(colors)], label=f"{name} (sampled, training)")
     for mode, marker, style in (("greedy", "o", "--"), ("sampled", "s", ":")):
+        rows = [r for r in evals if f"eval/{mode}/episodes" in r]  # the evaluations of `mode`
         for i, name in enumerate(rates or ["success"]):
             key = f"eval/{mode}/{name}"
-            pts = [(r["step"], r[key]) for r in evals if key in r]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, linestyle=style,
+            if any(key in r for r in rows):
+                ax.plot(*series(rows, key), marker, linestyle=style,
                         color=colors[i % len(colors)], alpha=0.8,
                         label=f"{name} (held-out, {mode})")
     ax.set_xlabel("RL step (policy version)")

@@ -13,17 +13,21 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentax.cli._config import RunConfig, dump_config, load_config
+from agentax.cli._console import warn_line
 from agentax.config import ConfigError
 from agentax.trace import CONFIG_FILENAME, METRICS_FILENAME
 
-__all__ = ["CHECKPOINT_DIR", "RunCheckpointer", "checkpoint_kind", "cut_metrics", "is_run_dir",
-           "make_run_dir", "restore_newest", "run_config", "write_config"]
+__all__ = ["CHECKPOINT_DIR", "DOCTOR_REPORT", "RunCheckpointer", "checkpoint_kind", "cut_metrics",
+           "is_run_dir", "make_run_dir", "restore_newest", "run_config", "write_config"]
 
 CHECKPOINT_DIR = "checkpoints"
+DOCTOR_REPORT = "doctor.txt"
+"""RUN_DIR/doctor.txt: the doctor's full report at the end of `agentax train`."""
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
@@ -124,10 +128,11 @@ def checkpoint_kind(run_dir: str | os.PathLike) -> str | None:
     return "rl" if steps else None
 
 
-def restore_newest(run_dir: Path, trainer, say=print) -> dict[str, Any]:
+def restore_newest(run_dir: Path, trainer, warn: Callable[[str], None] = warn_line
+                   ) -> dict[str, Any]:
     """Restores the newest checkpoint of `run_dir` that can be read into `trainer`.
 
-    A checkpoint that cannot be read is reported (by `say`) and the next older one tried.
+    A checkpoint that cannot be read is reported (a `warn` line) and the next older one tried.
 
     Returns:
       The checkpoint's "run" record ({"rl_step", "next_group", "metrics_bytes"}; for
@@ -149,7 +154,7 @@ def restore_newest(run_dir: Path, trainer, say=print) -> dict[str, Any]:
                                   f"with init.from_run={run_dir} in a new run")
             trainer.restore_checkpoint(ckpt, step)
         except DamagedCheckpointError as e:
-            say(f"[yellow]warning[/yellow]: {e}; trying the previous checkpoint")
+            warn(f"{e}; trying the previous checkpoint")
             damaged.append(str(path))
             continue
         record = dict(meta.get("run") or {"rl_step": trainer.step_count})

@@ -5,7 +5,8 @@ config (`build_suite_for`), and the numbers shown are the per-episode metrics ev
 reports (`episode_metrics`), gathered through the pipeline's episode hook.
 
 Every command writes one run directory (config.yaml, metrics.jsonl, the Perfetto trace,
-checkpoints/, curves.png, summary.json). `train` resumes from a run directory.
+checkpoints/, transcripts.jsonl, curves.png, doctor.txt, summary.json). `train` resumes from a
+run directory.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from agentax.cli._build import (
     build_tokenizer,
 )
 from agentax.cli._config import RunConfig
-from agentax.cli._console import ConsoleView
+from agentax.cli._console import ConsoleView, print_warning
 from agentax.cli._evaluate import (
     EvalResult,
     aggregate,
@@ -46,13 +47,15 @@ from agentax.cli._evaluate import (
 )
 from agentax.cli._rundir import (
     CHECKPOINT_DIR,
+    DOCTOR_REPORT,
     RunCheckpointer,
     checkpoint_kind,
     cut_metrics,
     restore_newest,
     write_config,
 )
-from agentax.cli._signals import Interrupted, StopGuard, hard_exit
+from agentax.cli._signals import Interrupted, StopGuard, hard_exit, interrupted_by
+from agentax.cli._transcripts import Transcripts
 from agentax.config import replace
 from agentax.train import check_space, checkpoint_bytes
 from agentax.pipeline import RunFailed
@@ -90,6 +93,18 @@ class Reporter:
 
     def say(self, text: str) -> None:
         self.console.print(text)
+
+    def warn(self, text: str) -> None:
+        """`warning: text`, like every warning of the CLI (also with -q)."""
+        print_warning(self.console, text)
+
+    def transcripts(self, tokenizer, *, segment: int = 0) -> Transcripts:
+        """The run's transcript writer (RUN_DIR/transcripts.jsonl; tracing.*transcripts*)."""
+        t = self.cfg.tracing
+        return Transcripts(self.run_dir, tokenizer, fraction=t.transcripts_fraction,
+                           eval_first=t.eval_transcripts, seed=self.cfg.run.seed,
+                           segment=segment, max_seq_len=self.cfg.trainer.max_seq_len,
+                           warn=self.warn)
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         record = self.metrics.log(step, {**metrics, "wall_s": round(self.elapsed(), 3)})
@@ -162,7 +177,7 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
             start, last = int(record.get("sft_step", step)), dict(record.get("last") or {})
             _say_always(rep, f"resumed SFT from step {start} ({ckpt_dir / f'step_{step}'})")
         except (DamagedCheckpointError, FileNotFoundError) as e:
-            rep.say(f"[yellow]warning[/yellow]: {e}; SFT starts over")
+            rep.warn(f"{e}; SFT starts over")
             trainer = SFTTrainer(model, sft_trainer_config(cfg), mesh=mesh)
     saved = [start if start else None]
 
@@ -209,7 +224,8 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
         if guard is None or e.message:
             raise
         checkpoint(i)
-        raise Interrupted(e.signum, f"stopped at SFT step {i}; checkpoint {ckpt_dir}/step_{i} "
+        raise Interrupted(e.signum, f"stopped at SFT step {i} ({interrupted_by(e.signum)}); "
+                          f"checkpoint {ckpt_dir}/step_{i} "
                           f"is complete; continue with `agentax train {rep.run_dir}`") from None
     if view is not None:
         view.close()
@@ -230,16 +246,21 @@ async def _evaluate(cfg: RunConfig, engine, tokenizer, suite: TaskSuite, *, gree
         engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
         collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
         samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
-        seed=cfg.run.seed)
+        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts)
 
 
-def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult]) -> dict:
+def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult],
+                 transcripts: Transcripts) -> dict:
+    """Prints and logs an evaluation (phase `eval_<label>`, or `eval`) and keeps its first
+    episodes' transcripts."""
     out: dict[str, float] = {}
     for r in results:
         rep.say(f"[bold]eval {label}[/bold] {r.line()}")
         out.update(r.to_metrics())
-    rep.log(step, {"phase": f"eval_{label}", "policy_version": results[0].policy_version
+    phase = f"eval_{label}" if label else "eval"
+    rep.log(step, {"phase": phase, "policy_version": results[0].policy_version
                    if results else 0, **out})
+    transcripts.evaluated(phase, step, results)
     return out
 
 
@@ -303,7 +324,11 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                 # state at a time: the RL trainer's is freed while SFT trains (it compiles from
                 # shapes), the SFT trainer's as its weights are exported.
                 trainer.release()
-                engine = build_engine(replace(cfg, engine=replace(cfg.engine, precompile=True)),
+                # Ahead only when that is a few kernels: a real model's engine (64 slots at
+                # 32k tokens: 261 shapes, most never met) compiles lazily instead, each shape
+                # once, into the persistent compilation cache.
+                ahead = len(cfg.engine.kernel_shapes()) <= PRECOMPILE_MAX_KERNELS
+                engine = build_engine(replace(cfg, engine=replace(cfg.engine, precompile=ahead)),
                                       model, tokenizer)
                 compiling = _precompile_rl(cfg, trainer, after=engine.wait_compiled)
                 sft, last = warm_start(cfg, model, tokenizer, suite, rep, mesh=mesh,
@@ -318,7 +343,7 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                         f"loss {last.get('sft/loss', float('nan')):.3f}")
             guard.check()
             if found is not None:
-                position = restore_newest(run_dir, trainer, say=rep.say)
+                position = restore_newest(run_dir, trainer, warn=rep.warn)
                 cut = cut_metrics(run_dir, position)
                 write_config(run_dir, cfg)
                 model = trainer.export_model()
@@ -354,6 +379,10 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     rep.say(f"done in {summary['wall_s']:.1f} s; run directory {run_dir}")
     return summary
+
+
+PRECOMPILE_MAX_KERNELS = 64
+"""Engine kernel shapes the CLI compiles ahead during SFT; past this it compiles lazily."""
 
 
 def _precompile_rl(cfg: RunConfig, trainer, *, after: Callable[[], Any]) -> threading.Thread:
@@ -395,6 +424,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
             checkpointer.save(trainer, rl_step=pipeline.version, next_group=pipeline.next_group)
 
     out: dict[str, Any] = {}
+    transcripts = rep.transcripts(tokenizer, segment=start_step)
     collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
                           cfg.collector, reward_fn=suite.reward_fn)
     steps_left = max(cfg.run.steps - start_step, 0)
@@ -405,6 +435,10 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
 
     def on_episode(traj) -> None:
         sampled.append(episode_metrics(traj))
+
+    def on_trained(record, groups) -> None:
+        transcripts.trained(record.step, groups,
+                            skipped=bool(getattr(record.metrics, "skipped", False)))
 
     def on_step(record) -> None:
         trained[0] += sum(1 for _ in record.group_ids) * cfg.pipeline.group_size
@@ -444,10 +478,11 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         for r in results:
             rep.log(step, {"phase": "eval_mid", "policy_version": r.policy_version,
                            **r.to_metrics()})
+        transcripts.evaluated("eval_mid", step, results)
 
     pipeline = Pipeline(collector, guard.trainer(trainer), engine, list(suite.train_tasks),
                         cfg.pipeline, on_step=on_step, on_episode=on_episode,
-                        start_version=start_step,
+                        on_trained=on_trained, start_version=start_step,
                         start_group=start_group)
     saved = f"`agentax train {rep.run_dir}` continues from the newest checkpoint"
     pipeline.on_loop_stuck = lambda error: hard_exit(
@@ -463,7 +498,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
             dropped = pipeline.accounting.filtered.get("all_equal_rewards", 0)
             if steps == seen_steps and dropped - seen_dropped >= 2 * cfg.pipeline.group_size * \
                     cfg.pipeline.groups_per_step:
-                rep.say(f"[yellow]warning[/yellow]: no RL step for a while; {dropped - seen_dropped} "
+                rep.warn(f"no RL step for a while; {dropped - seen_dropped} "
                         "episodes were dropped because every sample of their group got the same "
                         "reward (no learning signal). Warm-start the policy (sft.steps, "
                         "init.from_run) or set pipeline.filters=[] to train on them anyway.")
@@ -482,7 +517,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         # (or during) it, so the pre-RL figures are never lost.
         if start_step == 0 and not _logged_phase(rep.run_dir, "eval_before"):
             out["eval_before"] = _report_eval(rep, 0, "before", await _evaluate(
-                cfg, engine, tokenizer, suite))
+                cfg, engine, tokenizer, suite), transcripts)
         rep.timings["eval_before_s"] = time.perf_counter() - t
         t = time.perf_counter()
         watch = asyncio.create_task(watchdog())
@@ -497,7 +532,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         await asyncio.gather(*evals)
         t = time.perf_counter()
         out["eval_after"] = _report_eval(rep, cfg.run.steps, "after", await _evaluate(
-            cfg, engine, tokenizer, suite))
+            cfg, engine, tokenizer, suite), transcripts)
         rep.timings["eval_after_s"] = time.perf_counter() - t
         return result
 
@@ -521,9 +556,12 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         if views and views[0] is not None:
             views[0].close()
         checkpoint()
-        raise Interrupted(guard.signum, f"stopped at RL step {pipeline.version}; checkpoint "
+        raise Interrupted(guard.signum, f"stopped at RL step {pipeline.version} ("
+                          f"{interrupted_by(guard.signum)}); checkpoint "
                           f"{rep.run_dir / CHECKPOINT_DIR}/step_{checkpointer.saved_step} is "
                           f"complete; continue with `agentax train {rep.run_dir}`") from None
+    finally:
+        transcripts.close()
     # The whole run, across resumed segments (metrics.jsonl was cut back to the checkpoint
     # this segment resumed from, so its rows are the run's); `segment` is this process's part.
     rows = _phase_rows(rep.run_dir)
@@ -583,12 +621,16 @@ def _say_always(rep: Reporter, text: str) -> None:
 
 
 def _doctor_summary(run_dir: Path, rep: Reporter) -> dict:
+    """The doctor's verdict on the console and in summary.json; its full report in
+    RUN_DIR/doctor.txt (`agentax show --html` shows it)."""
     from agentax.trace import doctor
 
     try:
         report = doctor.analyze(run_dir)
+        (run_dir / DOCTOR_REPORT).write_text(doctor.format_report(report) + "\n",
+                                             encoding="utf-8")
     except Exception as e:  # noqa: BLE001 - the doctor must never fail a finished run
-        rep.say(f"doctor: could not analyse the run ({type(e).__name__}: {e})")
+        rep.warn(f"the doctor could not analyse the run ({type(e).__name__}: {e})")
         return {"error": str(e)}
     rep.say(f"[bold]doctor[/bold]: bottleneck {report.bottleneck} — {report.verdict}\n"
             f"  suggestion: {report.suggestion}\n  full report: agentax doctor {run_dir}")
@@ -615,9 +657,11 @@ def run_sft(cfg: RunConfig, run_dir: Path, *, quiet: bool = False) -> dict:
             results = aio.run(_evaluate(cfg, engine, tokenizer, suite))
         finally:
             engine.shutdown()
-        summary = {"run_dir": str(run_dir), "sft": last,
-                   "eval": _report_eval(rep, cfg.sft.steps, "after_sft", results),
-                   "wall_s": rep.elapsed(), "timings": rep.timings}
+        with contextlib.closing(rep.transcripts(tokenizer)) as transcripts:
+            summary = {"run_dir": str(run_dir), "sft": last,
+                       "eval": _report_eval(rep, cfg.sft.steps, "after_sft", results,
+                                            transcripts),
+                       "wall_s": rep.elapsed(), "timings": rep.timings}
     finally:
         rep.close()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -636,8 +680,10 @@ def run_eval(cfg: RunConfig, run_dir: Path, *, model=None, quiet: bool = False) 
             results = aio.run(_evaluate(cfg, engine, tokenizer, suite))
         finally:
             engine.shutdown()
-        summary = {"run_dir": str(run_dir), "eval": _report_eval(rep, 0, "", results),
-                   "wall_s": rep.elapsed()}
+        with contextlib.closing(rep.transcripts(tokenizer)) as transcripts:
+            summary = {"run_dir": str(run_dir),
+                       "eval": _report_eval(rep, 0, "", results, transcripts),
+                       "wall_s": rep.elapsed()}
     finally:
         rep.close()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

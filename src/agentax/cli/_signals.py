@@ -30,7 +30,7 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["Interrupted", "StopGuard", "hard_exit", "interrupt", "received"]
+__all__ = ["Interrupted", "StopGuard", "hard_exit", "interrupt", "interrupted_by", "received"]
 
 UNHONOURED_S = 10.0
 """A signal nobody acknowledged after this long ends the process (`hard_exit`)."""
@@ -72,13 +72,17 @@ def hard_exit(code: int, line: str) -> None:
         os._exit(code)
 
 
+def interrupted_by(signum: int) -> str:
+    return f"interrupted by {signal.Signals(signum).name}"
+
+
 class Interrupted(BaseException):
     """The run stopped because of a signal; `exit_code` is 128 + the signal number.
 
     A `BaseException` (like `KeyboardInterrupt`): `except Exception` must not swallow it."""
 
     def __init__(self, signum: int, message: str = ""):
-        super().__init__(message or f"interrupted by {signal.Signals(signum).name}")
+        super().__init__(message or interrupted_by(signum))
         self.signum = signum
         self.exit_code = 128 + signum
         self.message = message

@@ -127,6 +127,8 @@ class Pipeline:
       on_step: called with each `StepRecord` (progress display, metrics, checkpoints).
       on_episode: called with every finished `Trajectory`, as it finishes, whatever becomes of
         its group (trained, filtered, failed); e.g. to aggregate per-episode metrics.
+      on_trained: called with each `StepRecord` and the groups that step trained on, just
+        before `on_step`; e.g. to keep transcripts of trained episodes.
       publish: how weights reach the engine, `publish(trainer, engine, version)`; default
         `engine.update_weights(trainer.params_for_engine(), version)` (a pointer swap when
         colocated; pass a resharding publisher for disaggregated placement).
@@ -143,6 +145,7 @@ class Pipeline:
         *,
         on_step: Callable[[StepRecord], None] | None = None,
         on_episode: Callable[[Trajectory], None] | None = None,
+        on_trained: Callable[[StepRecord, Sequence[Group]], None] | None = None,
         publish: Callable[[Any, Any, int], None] | None = None,
         start_version: int = 0,
         start_group: int = 0,
@@ -156,6 +159,7 @@ class Pipeline:
         self.config = config
         self.on_step = on_step
         self.on_episode = on_episode
+        self.on_trained = on_trained
         self.publish_fn = publish or _publish_colocated
         self.tracer = get_tracer()
         self.accounting = Accounting()
@@ -333,6 +337,8 @@ class Pipeline:
             staleness=staleness, trainer_wait_s=wait_s, train_s=train_s,
             wall_s=time.perf_counter() - t_start, metrics=metrics,
         )
+        if self.on_trained is not None:
+            self.on_trained(record, groups)
         if self.on_step is not None:
             self.on_step(record)
         self._waiting_since = time.perf_counter()

@@ -15,6 +15,11 @@ from agentax.trace import names
 from agentax.trace._intervals import length
 
 
+MAX_TOKENS_FLOOR = 16
+"""sampling.max_tokens at or below which the doctor no longer suggests shorter generations: a
+reply that short barely holds a tool call or an answer."""
+
+
 def _nice(x: float) -> int:
     """Round up to a 'nice' knob value (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, ...)."""
     if x <= 2:
@@ -85,8 +90,8 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
         if train_lat:
             lead += f" (train step p50 {train_lat.p50_s:.2f} s)"
         tip = "make the train step faster (larger micro-batches, fewer padding buckets, more devices)"
-        if conc and blocked > 0.05:
-            target = _nice(max(1.0, conc * (1.0 - blocked)))
+        target = _nice(max(1.0, conc * (1.0 - blocked))) if conc else 0
+        if conc and blocked > 0.05 and target < conc:
             tip += (f", or lower pipeline.max_concurrency from {conc} to about {target}: "
                     f"rollouts beyond that only wait for the trainer")
         else:
@@ -156,12 +161,17 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
                 f"busy {pct(fields['engine_busy_fraction'])}")
         if lat:
             lead += f" (model call p50 {lat.p50_s:.2f} s)"
+        max_tokens = _knob(fields, "max_tokens")
         if conc and slots and conc < slots:
             tip = (f"the engine has free slots: raise pipeline.max_concurrency from {conc} to "
                    f"about {_nice(min(slots, conc * 2))}")
+        elif max_tokens is not None and max_tokens <= MAX_TOKENS_FLOOR:
+            tip = (f"give the engine more devices or a smaller model; generations are already "
+                   f"short (sampling.max_tokens={max_tokens}) and raising concurrency only "
+                   "helps while engine slots are free")
         else:
-            tip = ("shorten generations (max_tokens) or give the engine more devices; raising "
-                   "concurrency only helps while engine slots are free")
+            tip = ("shorten generations (sampling.max_tokens) or give the engine more devices; "
+                   "raising concurrency only helps while engine slots are free")
         return "model", lead + ".", tip
 
     if busy is None:

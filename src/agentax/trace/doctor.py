@@ -78,7 +78,7 @@ class DoctorReport:
     trainer_wait_fraction: float | None  # waiting for groups, over the trainer's lifetime
     episode_time_shares: Mapping[str, float]  # share of episode time: model, env, tool, ...
     staleness: Mapping[int, int]  # versions behind -> count
-    knobs: Mapping[str, Any]  # max_concurrency, max_staleness, max_slots (None if unknown)
+    knobs: Mapping[str, Any]  # max_concurrency, max_staleness, max_slots, max_tokens (or None)
     bottleneck: str  # environment | trainer | engine_slots | staleness | model | balanced | ...
     verdict: str
     suggestion: str
@@ -94,14 +94,16 @@ class DoctorReport:
 
 def read_knobs(run_dir: str) -> dict[str, Any]:
     """The knobs the doctor talks about, from `config.yaml` (`pipeline.max_concurrency`,
-    `pipeline.max_staleness`, `engine.max_slots`, or the same at top level); None where absent."""
+    `pipeline.max_staleness`, `engine.max_slots`, `sampling.max_tokens`, or the same at top
+    level); None where absent."""
     path, config = os.path.join(run_dir, CONFIG_FILENAME), {}
     if os.path.exists(path):
         import yaml
 
         with open(path, encoding="utf-8") as f:
             config = yaml.safe_load(f) or {}
-    sections = {"max_concurrency": "pipeline", "max_staleness": "pipeline", "max_slots": "engine"}
+    sections = {"max_concurrency": "pipeline", "max_staleness": "pipeline", "max_slots": "engine",
+                "max_tokens": "sampling"}
     return {key: (config.get(section) or {}).get(key, config.get(key))
             for key, section in sections.items()}
 
