@@ -362,6 +362,11 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                 stats = engine.stats()  # start-up cost: compiling, and the first decode call
                 rep.timings["engine_compile_s"] = round(stats.compile_s, 2)
                 rep.timings["engine_first_step_s"] = stats.first_step_s
+                # What the engine computed: prompt tokens prefilled, and those its shared
+                # prefix pages saved (a group's samples share their prompt's pages).
+                summary["engine"] = {k: getattr(stats, k) for k in (
+                    "prefill_tokens", "prefix_hit_tokens", "total_tokens", "evictions",
+                    "kv_pages_peak")}
                 engine.shutdown()
         summary["wall_s"] = rep.elapsed()
         summary["timings"] = rep.timings
