@@ -195,3 +195,39 @@ def test_tool_call_spans_say_whether_the_call_succeeded():
     assert calls["calculator"] == {"tool": "calculator", names.ARG_OK: True}
     assert calls["no_such_tool"][names.ARG_OK] is False and calls["no_such_tool"][names.ARG_ERROR]
     assert calls["slow"] == {"tool": "slow", names.ARG_OK: False, names.ARG_ERROR: "timeout"}
+
+
+def test_a_tool_or_reward_that_swallows_its_cancellation_is_abandoned_not_awaited():
+    """`asyncio.wait_for` waits for a cancelled call to unwind: a tool (or an async reward)
+    whose retry loop catches CancelledError hung the episode for good. Now it is abandoned
+    after the deadline and a short grace, and the episode goes on."""
+
+    @tool(timeout_s=0.05)
+    async def stubborn(x: int) -> str:
+        """Retries for ever, even when cancelled.
+
+        Args:
+            x: ignored.
+        """
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                continue
+
+    async def stubborn_reward(task, response):
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                continue
+
+    env = ToolEnvironment([stubborn], exact, call_grace_s=0.05)
+    action = Action(text="", tool_calls=(ToolCall(name="stubborn", arguments={"x": 1}),))
+    res, elapsed = step(env, action)
+    assert res.observation.tool_results[0].error == "timeout" and elapsed < 5.0
+    env = ToolEnvironment([calculator], stubborn_reward, reward_timeout_s=0.05)
+    t0 = time.perf_counter()
+    with pytest.raises(EnvError) as e:
+        step(env, Action(text="84", final_answer="84"))
+    assert e.value.kind == "reward_timeout" and time.perf_counter() - t0 < 5.0

@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from agentax._aio import bounded
 from agentax._executors import stage_executor
 from agentax.envs._base import EnvError
 from agentax.envs._reward import RewardFn
@@ -96,7 +97,7 @@ class CodeEnvironment(ToolEnvironment):
             with get_tracer().span(names.REWARD, args={"reward": getattr(self.check, "__name__", "check")}):
                 value = self.check(self.sandbox, task, answer)
                 if inspect.isawaitable(value):
-                    value = await asyncio.wait_for(value, self.reward_timeout_s)
+                    value = await bounded(value, self.reward_timeout_s)
             return float(value)
         except Exception as e:  # noqa: BLE001
             raise EnvError(

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from agentax._aio import bounded
 from agentax._executors import stage_executor
 from agentax.envs._base import EnvError
 from agentax.records import Task, TrajectoryStatus
@@ -41,14 +42,14 @@ async def compute_reward(reward_fn: RewardFn, task: Task, response: str, *, time
     name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
     try:
         if inspect.iscoroutinefunction(reward_fn) or inspect.iscoroutinefunction(getattr(reward_fn, "__call__", None)):
-            value = await asyncio.wait_for(reward_fn(task, response), timeout_s)
+            value = await bounded(reward_fn(task, response), timeout_s)
         else:
             loop = asyncio.get_running_loop()
-            value = await asyncio.wait_for(
+            value = await bounded(
                 loop.run_in_executor(stage_executor("reward"), functools.partial(reward_fn, task, response)), timeout_s
             )
             if inspect.isawaitable(value):
-                value = await asyncio.wait_for(value, timeout_s)
+                value = await bounded(value, timeout_s)
     except TimeoutError:
         raise EnvError(
             f"reward {name} gave no answer within {timeout_s} s",

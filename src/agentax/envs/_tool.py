@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentax._aio import bounded
 from agentax.envs._base import Environment
 from agentax.envs._reward import RewardFn, check_reward_fn, traced_reward
 from agentax.records import Action, Observation, StepResult, Task, ToolCall, ToolResult
@@ -196,7 +197,8 @@ class ToolEnvironment(Environment):
         t0 = time.perf_counter()
         with get_tracer().span(names.TOOL_CALL, args={"tool": str(call.name)}) as span:
             try:
-                result = await asyncio.wait_for(self.registry.call(call), limit)
+                # bounded: a tool that swallows its cancellation is abandoned, not awaited.
+                result = await bounded(self.registry.call(call), limit)
             except TimeoutError:
                 result = ToolResult(
                     name=call.name, call_id=call.id, ok=False, error="timeout", content=f"Error: the tool gave no answer within {limit:.0f} s."
