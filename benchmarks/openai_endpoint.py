@@ -21,6 +21,16 @@ Figures (last line, JSON):
   cpu_ms_per_traj_native / _black_box
                           process CPU time (all threads: engine, XLA, event loop) per trajectory,
                           a figure that a loaded machine disturbs less than the wall-clock ones
+  stream_first_token_fraction
+                          median time to the first streamed content piece over the median time
+                          to the stream's end, for 64-token answers (goal ≤ 0.25): the SDK's
+                          `stream=True` on loopback, one request at a time (16 in `--quick`, 64
+                          in the full run, after 2 warm-up ones), on a second engine of the
+                          same shapes (no recompilation) with no eos ids, so every answer is
+                          exactly 64 tokens (9 engine calls: the prefill's first token, then
+                          8 fused decode calls of 8)
+  stream_first_token_ms_p50, stream_full_ms_p50, unstreamed_full_ms_p50 (the same request
+  unstreamed), stream_pieces_per_answer (content deltas a stream carried)
 
 Usage: python benchmarks/openai_endpoint.py [--quick]
 """
@@ -46,7 +56,7 @@ from agentax.models import ModelConfig, Transformer
 from agentax.records import SamplingParams
 from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks, openai_calculator
 from agentax.rollout import Collector, CollectorConfig
-from agentax.serve import OpenAIAgentEnvironment
+from agentax.serve import ChatServer, OpenAIAgentEnvironment
 from agentax.text import ByteTokenizer, render_conversation
 from agentax.tools import calculator
 from agentax.train import SFTTrainer, TrainerConfig
@@ -181,6 +191,47 @@ async def measure(engine, tok, tasks, episodes: int, pairs: int) -> dict:
     }
 
 
+STREAM_TOKENS = 64
+
+
+async def measure_stream(engine, tok, tasks, requests: int) -> dict:
+    """Time to the first streamed content piece and to the stream's end, one request at a time,
+    for answers of exactly `STREAM_TOKENS` tokens (`engine` has no eos ids), through the real
+    SDK on loopback; the same requests unstreamed give the reference completion time."""
+    import openai
+
+    async with ChatServer(engine, tok) as server:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="bench", max_retries=0)
+        first, full, plain, pieces = [], [], [], []
+        for i in range(requests + 2):  # the first two warm the connection and the endpoint
+            msgs = [{"role": "user", "content": tasks[i].prompt}]
+            kw = dict(model="agentax", messages=msgs, max_tokens=STREAM_TOKENS, temperature=1.0,
+                      seed=i)
+            t = time.perf_counter()
+            await client.chat.completions.create(**kw)
+            t_plain = time.perf_counter() - t
+            t, t_first, n = time.perf_counter(), None, 0
+            async for ch in await client.chat.completions.create(**kw, stream=True):
+                if ch.choices and ch.choices[0].delta.content:
+                    n += 1
+                    if t_first is None:
+                        t_first = time.perf_counter() - t
+            if i >= 2 and t_first is not None:
+                first.append(t_first)
+                full.append(time.perf_counter() - t)
+                plain.append(t_plain)
+                pieces.append(n)
+        await client.close()
+    return {
+        "stream_first_token_fraction": round(statistics.median(first) / statistics.median(full), 3),
+        "stream_first_token_ms_p50": round(statistics.median(first) * 1e3, 2),
+        "stream_full_ms_p50": round(statistics.median(full) * 1e3, 2),
+        "unstreamed_full_ms_p50": round(statistics.median(plain) * 1e3, 2),
+        "stream_pieces_per_answer": round(statistics.mean(pieces), 1),
+        "stream_requests": len(first),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="untrained model, 3 pairs of 64 episodes")
@@ -197,6 +248,12 @@ def main() -> None:
     try:
         episodes, pairs = (64, 3) if args.quick else (256, 5)
         out = asyncio.run(measure(engine, tok, tasks, episodes, pairs))
+    finally:
+        engine.shutdown()
+    # the same shapes (kernels already compiled), no eos: every answer is STREAM_TOKENS long
+    engine = Engine(model, ENGINE, eos_token_ids=(), tokenizer=tok)
+    try:
+        out.update(asyncio.run(measure_stream(engine, tok, tasks, 16 if args.quick else 64)))
     finally:
         engine.shutdown()
     out.update(episodes_per_mode=episodes, pairs=pairs, concurrency=CONCURRENCY,

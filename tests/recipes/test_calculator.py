@@ -11,9 +11,9 @@ import pytest
 
 from agentax.cli import load_config
 from agentax.cli._build import build_suite_for
-from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks
+from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks, render_examples
 from agentax.recipes._calculator import compact_calculator
-from agentax.recipes._render import _fast, _fast_header, render_examples
+from agentax.recipes._render import _fast, _fast_headers
 from agentax.records import Action, Message, Task, ToolCall
 from agentax.text import ByteTokenizer, render_conversation
 from agentax.tools._calculator import evaluate
@@ -103,7 +103,7 @@ def test_fast_render_with_a_tool_list_matches_render_conversation():
     tok = ByteTokenizer()
     convs = calculator_demos(calculator_tasks(40, seed=5), seed=2)
     tools = [compact_calculator().schema()]
-    assert _fast_header(tok, convs, tools)  # the fast path is taken, and it is exact:
+    assert _fast_headers(tok, convs, tools)  # the fast path is taken, and it is exact:
     fast = render_examples(tok, convs, tools=tools)
     assert len(fast[0][0]) > len(_fast(tok, convs[0])[0])  # the tool list is there
     for conv, (ids, mask) in zip(convs, fast):
@@ -112,15 +112,25 @@ def test_fast_render_with_a_tool_list_matches_render_conversation():
         np.testing.assert_array_equal(mask, ref.assistant_mask)
 
 
-def test_render_examples_falls_back_when_the_fast_path_would_differ():
+def test_render_examples_with_a_system_message_and_tools_and_its_fallback():
     tok = ByteTokenizer()
     conv = [Message(role="system", content="S"), Message(role="user", content="q"),
             Message(role="assistant", content="a")]
+    other = [Message(role="user", content="q2"), Message(role="assistant", content="b")]
     tools = [compact_calculator().schema()]
-    (ids, mask), = render_examples(tok, [conv], tools=tools)  # system + tools: slow path
-    ref = render_conversation(tok, conv, tools=tools)
-    np.testing.assert_array_equal(ids, ref.token_ids)
-    np.testing.assert_array_equal(mask, ref.assistant_mask)
+    # system + tools: the system message is part of the tool-list header (one per system text)
+    assert set(_fast_headers(tok, [conv, other], tools)) == {"S", None}
+    for convs in ([conv, other], [conv, {"role": "user", "content": "d"}]):  # dicts: slow path
+        out = render_examples(tok, [c if isinstance(c, list) else [c] for c in convs], tools=tools)
+        for c, (ids, mask) in zip(convs, out):
+            ref = render_conversation(tok, c if isinstance(c, list) else [c], tools=tools)
+            np.testing.assert_array_equal(ids, ref.token_ids)
+            np.testing.assert_array_equal(mask, ref.assistant_mask)
+    # instructions: the system message an Agents SDK agent sends, put first in each demonstration
+    (ids, mask), = render_examples(tok, [conv[1:]], tools=tools, instructions="S")
+    np.testing.assert_array_equal(ids, render_conversation(tok, conv, tools=tools).token_ids)
+    with pytest.raises(ValueError, match="already starts with one"):
+        render_examples(tok, [conv], instructions="S")
 
 
 def test_suite_environment_runs_the_calculator_and_scores_answers():

@@ -35,6 +35,7 @@ ENV_OF_RECIPE = {  # recipe name prefix -> the environment factory it must name
     "frozen_lake": "agentax.recipes.frozen_lake:make_env", "bash": "agentax.recipes.bash:make_env",
     "swe_tiny": "agentax.recipes.swe_tiny:make_env", "mcp_tools": "agentax.recipes.mcp_tools:make_env",
     "openai_calculator": "agentax.recipes.openai_calculator:make_env",
+    "agents_sdk_calculator": "agentax.recipes.agents_sdk_calculator:make_env",
 }
 
 

@@ -5,14 +5,18 @@
 * Modules named in those YAML files, each a user's-eye example of `env.factory`,
   `agent.factory`, `tasks.factory` and `sft.demos`: `agentax.recipes.calculator` (the embedded
   CPU demo), `.math`, `.frozen_lake`, `.bash`, `.swe_tiny`, `.mcp_tools` (a tool of a real MCP
-  server, `agentax.recipes._mcp_server`).
+  server, `agentax.recipes._mcp_server`), `.openai_calculator` (an `openai` SDK agent) and
+  `.agents_sdk_calculator` (an OpenAI Agents SDK agent).
 * `load_tasks(path)` (JSONL / Parquet tasks), `load_demos_jsonl(path)` (chat demonstrations),
-  and the calculator task's `calculator_tasks`, `calculator_demos`, `calculator_reward`.
+  `render_examples(tokenizer, demos, tools=..., instructions=...)` (SFT examples rendered with
+  the tool list and system message the episodes' prompts carry), and the calculator task's
+  `calculator_tasks`, `calculator_demos`, `calculator_reward`.
 """
 
 from pathlib import Path
 
 from agentax.recipes._calculator import calculator_demos, calculator_reward, calculator_tasks
+from agentax.recipes._render import render_examples
 from agentax.recipes._tasks import load_demos_jsonl, load_tasks
 
 RECIPE_DIR = Path(__file__).parent / "configs"
@@ -43,4 +47,5 @@ __all__ = [
     "load_demos_jsonl",
     "load_tasks",
     "recipe_path",
+    "render_examples",
 ]

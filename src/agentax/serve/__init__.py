@@ -10,8 +10,8 @@
 See docs/openai.md.
 """
 
-from agentax.serve._env import OpenAIAgentEnvironment
+from agentax.serve._env import AGENT_OUTCOMES, OpenAIAgentEnvironment
 from agentax.serve._server import ChatServer
 from agentax.serve._session import Session, SessionLimits
 
-__all__ = ["ChatServer", "OpenAIAgentEnvironment", "Session", "SessionLimits"]
+__all__ = ["AGENT_OUTCOMES", "ChatServer", "OpenAIAgentEnvironment", "Session", "SessionLimits"]

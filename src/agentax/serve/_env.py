@@ -16,6 +16,17 @@ carries the policy version that produced it.
 The reward, first that applies: the value `run` returns (not None); a `{"reward": x}` POSTed
 to `OPENAI_BASE_URL + "/reward"`; `reward_fn(task, final_answer)` on the last reply without a
 tool call; else 0 (and the collector's own `reward_fn` is added, as for any environment).
+
+An exception the agent raises is the environment's failure (`ENV_ERROR`, which drops the
+episode's whole group from training) unless it is an outcome of what the model did:
+
+* one listed in `outcomes` (by default `AGENT_OUTCOMES`: the OpenAI Agents SDK's
+  `MaxTurnsExceeded` ends the episode TRUNCATED, its `ModelBehaviorError` — a call to a tool
+  the agent does not have, an output that does not parse as its `output_type` — OK): the
+  episode trains, its reward judged as above (0 when the agent never answered);
+* any exception raised right after the endpoint rejected the model's reply (a reply that did
+  not satisfy the request's `tool_choice` / `response_format` got a 400, and the agent let it
+  propagate): OK, the rejected reply the last of its trajectory, reason `reply_rejected`.
 """
 
 from __future__ import annotations
@@ -33,7 +44,15 @@ from agentax.records import Action, SamplingParams, StepResult, Task, Trajectory
 from agentax.serve._server import shared_server
 from agentax.serve._session import SessionLimits
 
-__all__ = ["OpenAIAgentEnvironment"]
+__all__ = ["AGENT_OUTCOMES", "OpenAIAgentEnvironment"]
+
+AGENT_OUTCOMES: Mapping[str, TrajectoryStatus] = {
+    "agents.exceptions.MaxTurnsExceeded": TrajectoryStatus.TRUNCATED,
+    "agents.exceptions.ModelBehaviorError": TrajectoryStatus.OK,
+}
+"""Exceptions an agent raises because of what the model did, by the qualified name of their
+class (or of a base class), and the status each ends an episode with (default `outcomes` of
+`OpenAIAgentEnvironment`). Names, so that matching one imports nothing."""
 
 _CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """`_SharedClientState` of each event loop."""
@@ -109,6 +128,9 @@ class OpenAIAgentEnvironment(Environment):
       reward_fn: `(task, final_answer) -> float` when neither `run` nor the program reports one.
       tool_format: tool-call parser of the endpoint ("hermes", "llama3").
       model: the model name the agent's client is told to use (informational).
+      outcomes: exceptions (classes, or qualified class names) that end an episode with the
+        given status instead of ENV_ERROR, added to `AGENT_OUTCOMES` (a status of None removes
+        a default).
     """
 
     reset_timeout_s = None
@@ -116,7 +138,9 @@ class OpenAIAgentEnvironment(Environment):
 
     def __init__(self, run: AgentFn | None = None, *, command: Sequence[str] | None = None,
                  reward_fn: Callable[[Task, str], Any] | None = None, tool_format: str = "hermes",
-                 model: str = "agentax") -> None:
+                 model: str = "agentax",
+                 outcomes: Mapping[type[BaseException] | str, TrajectoryStatus | None] | None = None,
+                 ) -> None:
         super().__init__()
         if (run is None) == (command is None):
             raise ValueError("OpenAIAgentEnvironment needs exactly one of run=async fn or command=[argv]")
@@ -124,6 +148,18 @@ class OpenAIAgentEnvironment(Environment):
             raise TypeError("run must be an async function: async def run(client, task) -> reward | None")
         self.run_fn, self.command = run, list(command) if command else None
         self.reward_fn, self.tool_format, self.model = reward_fn, tool_format, model
+        merged: dict[str, TrajectoryStatus | None] = dict(AGENT_OUTCOMES)
+        for key, status in (outcomes or {}).items():
+            merged[key if isinstance(key, str) else f"{key.__module__}.{key.__qualname__}"] = status
+        self.outcomes = {k: TrajectoryStatus(v) for k, v in merged.items() if v is not None}
+
+    def outcome_of(self, error: BaseException) -> TrajectoryStatus | None:
+        """The status `error` ends an episode with when it is an outcome (None: a failure)."""
+        for cls in type(error).__mro__:
+            status = self.outcomes.get(f"{cls.__module__}.{cls.__qualname__}")
+            if status is not None:
+                return status
+        return None
 
     async def _reset(self, task: Task) -> str:
         raise RuntimeError("OpenAIAgentEnvironment drives its own episode: run it through "
@@ -158,7 +194,7 @@ class OpenAIAgentEnvironment(Environment):
         except TimeoutError:
             status, reason = TrajectoryStatus.TIMEOUT, "episode_timeout"
         except Exception as e:  # noqa: BLE001 - the agent's own failure is the episode's status
-            status, reason = TrajectoryStatus.ENV_ERROR, "agent_error"
+            status, reason = self._raised(e, session.rejected)
             info["error"] = f"{type(e).__name__}: {e}"[:500]
         finally:
             server.close_session(session)
@@ -187,6 +223,15 @@ class OpenAIAgentEnvironment(Environment):
         return session.trajectory(reward, status, task_id=task.id,
                                   info={"reason": reason, "turns": session.counts["calls"], **info},
                                   timings={"agent_s": time.perf_counter() - t0})
+
+    def _raised(self, error: BaseException, rejected: str | None) -> tuple[TrajectoryStatus, str]:
+        """(status, reason) of an episode whose agent raised `error`."""
+        status = self.outcome_of(error)
+        if status is not None:
+            return status, type(error).__name__
+        if rejected is not None:  # the endpoint's 400 for the model's reply, propagated
+            return TrajectoryStatus.OK, f"reply_rejected:{rejected}"
+        return TrajectoryStatus.ENV_ERROR, "agent_error"
 
     async def _run_agent(self, base_url: str, api_key: str, task: Task, config: Any) -> float | None:
         if self.run_fn is not None:

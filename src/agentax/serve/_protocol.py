@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentax.records import Message, ToolCall
+from agentax.records import Message, ToolCall, ToolCallError
 
 __all__ = [
     "APIError",
@@ -23,8 +23,11 @@ __all__ = [
     "check_json",
     "check_response_format",
     "completion_body",
+    "content_delta",
     "error_body",
     "parse_chat_request",
+    "role_delta",
+    "stream_event",
     "stream_events",
 ]
 
@@ -383,6 +386,8 @@ class Choice:
     """(token text, logprob, top alternatives as (text, logprob)) per generated token when the
     request asked for logprobs (no alternatives unless it asked for top_logprobs)."""
     completion_tokens: int = 0
+    parse_errors: tuple[ToolCallError, ...] = ()
+    """Malformed tool calls in the reply (its content keeps their text); not sent, recorded."""
 
 
 def _tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
@@ -419,26 +424,50 @@ def completion_body(request_id: str, created: int, model: str, choices: Sequence
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-def stream_events(request_id: str, created: int, model: str, choices: Sequence[Choice],
-                  prompt_tokens: int, include_usage: bool) -> list[str]:
-    """Server-sent events (`data: {...}\\n\\n`) of a `chat.completion.chunk` stream, ending in [DONE]."""
-    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+def stream_event(request_id: str, created: int, model: str, choice: Mapping[str, Any] | None,
+                 **extra: Any) -> str:
+    """One server-sent event (`data: {...}\n\n`) of a `chat.completion.chunk` stream."""
+    body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+            "model": model, "choices": [choice] if choice is not None else [], **extra}
+    return f"data: {json.dumps(body)}\n\n"
 
+
+def role_delta(index: int = 0) -> dict[str, Any]:
+    """The first chunk's choice of a streamed reply: the assistant role, no content yet."""
+    return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            "finish_reason": None}
+
+
+def content_delta(text: str, index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A chunk's choice carrying a piece of the reply's content."""
+    return {"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": None}
+
+
+def stream_events(request_id: str, created: int, model: str, choices: Sequence[Choice],
+                  prompt_tokens: int, include_usage: bool, *, streamed: str | None = None) -> list[str]:
+    """The events of a `chat.completion.chunk` stream not yet sent, ending in [DONE].
+
+    Args:
+      streamed: None when nothing was sent; else choice 0's role chunk and this much of its
+        content left already (the content's pieces as they were generated), so only the rest
+        of its content follows, then its tool calls and finish reason.
+    """
     def event(choice: dict[str, Any] | None, **extra: Any) -> str:
-        body = {**head, "choices": [choice] if choice is not None else [], **extra}
-        return f"data: {json.dumps(body)}\n\n"
+        return stream_event(request_id, created, model, choice, **extra)
 
     out = []
     for c in choices:
-        out.append(event({"index": c.index, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None}))
-        if c.content:
-            out.append(event({"index": c.index, "delta": {"content": c.content},
-                              "logprobs": _logprobs_json(c.logprobs), "finish_reason": None}))
+        content = c.content or ""
+        if c.index == 0 and streamed is not None:
+            content = content[len(streamed):]
+        else:
+            out.append(event(role_delta(c.index)))
+        if content:
+            out.append(event(content_delta(content, c.index, _logprobs_json(c.logprobs))))
         if c.tool_calls:
             calls = [{"index": j, **call} for j, call in enumerate(_tool_calls_json(c.tool_calls))]
             out.append(event({"index": c.index, "delta": {"tool_calls": calls},
-                              "logprobs": None if c.content else _logprobs_json(c.logprobs),
+                              "logprobs": None if content else _logprobs_json(c.logprobs),
                               "finish_reason": None}))
         out.append(event({"index": c.index, "delta": {}, "logprobs": None,
                           "finish_reason": c.finish_reason}))

@@ -5,7 +5,8 @@ collector's loop in training), so a request handler awaits `Engine.generate` dir
 thread hop, no second process. Routes, under `/v1` (sessions by API key) and under
 `/s/{session}/v1` (sessions by base-URL path):
 
-* `POST .../chat/completions` — chat completions (JSON or `stream=true` server-sent events);
+* `POST .../chat/completions` — chat completions (JSON, or `stream=true` server-sent events
+  whose content leaves token by token as the engine generates it);
 * `GET .../models`, `GET .../models/{id}` — the one served model;
 * `POST /s/{session}/v1/reward` — `{"reward": x}`: an agent program reports its reward.
 
@@ -33,10 +34,14 @@ from agentax.records import SamplingParams
 from agentax.serve._protocol import (
     MAX_JSON_DEPTH,
     APIError,
+    ChatRequest,
     check_json,
     completion_body,
+    content_delta,
     error_body,
     parse_chat_request,
+    role_delta,
+    stream_event,
     stream_events,
 )
 from agentax.serve._session import Session, SessionLimits
@@ -215,10 +220,73 @@ class ChatServer:
                            f"it. This server serves {list(self.served_models)} (GET /v1/models).",
                            param="model", code="model_not_found")
 
+    async def _stream(self, req: ChatRequest, session: Session) -> Any:
+        """A `stream=true` reply: content pieces leave as the engine generates them.
+
+        The reply waits for the first piece (or the end) before it starts, so a request that
+        fails before any content (a prompt too long, a reply that misses its tool_choice or
+        response_format, which are held to the end) still gets an HTTP error with its status;
+        a failure after the first piece ends the stream with an `{"error": ...}` event (the
+        SDK raises it). A client that disconnects cancels the engine request (its slot is
+        freed).
+        """
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        rid, created = f"chatcmpl-{self._prefix}-{next(self._request_ids)}", int(time.time())
+        model = req.model or self.model_name
+        pieces: asyncio.Queue[str | None] = asyncio.Queue()
+        task = asyncio.ensure_future(session.complete(req, on_delta=pieces.put_nowait))
+        task.add_done_callback(lambda _: pieces.put_nowait(None))  # after every piece
+        try:
+            first = await pieces.get()
+        except BaseException:
+            task.cancel()
+            raise
+        if first is None:  # done before any piece: one response, or an HTTP error
+            try:
+                choices, prompt_tokens = task.result()
+            except APIError as e:
+                return JSONResponse(error_body(e), status_code=e.status)
+            except Exception as e:  # noqa: BLE001 - an engine failure answers this call only
+                return JSONResponse(error_body(_server_error(e)), status_code=500)
+            events = stream_events(rid, created, model, choices, prompt_tokens, req.include_usage)
+        else:
+            events = None
+
+        async def gen():
+            if events is not None:
+                for ev in events:
+                    yield ev
+                return
+            try:
+                yield stream_event(rid, created, model, role_delta())
+                sent, piece = "", first
+                while piece is not None:
+                    sent += piece
+                    yield stream_event(rid, created, model, content_delta(piece))
+                    piece = await pieces.get()
+                try:
+                    choices, prompt_tokens = task.result()
+                except Exception as e:  # noqa: BLE001 - told to the client, which raises it
+                    err = e if isinstance(e, APIError) else _server_error(e)
+                    yield f"data: {json.dumps(error_body(err))}\n\n"
+                    return
+                for ev in stream_events(rid, created, model, choices, prompt_tokens,
+                                        req.include_usage, streamed=sent):
+                    yield ev
+            finally:  # the client went away mid-stream: stop generating for it
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled():
+                    task.exception()  # retrieved (it was told, or nobody is left to tell)
+
+        return StreamingResponse(gen(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
     def _build_app(self):
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import JSONResponse
         from starlette.routing import Route
 
         def error(e: APIError, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -270,22 +338,15 @@ class ChatServer:
                 req = parse_chat_request(await read_json(request))
                 self._check_model(req.model)
                 session = self._lookup(session_id(request))
+                if req.stream:
+                    return await self._stream(req, session)
                 choices, prompt_tokens = await session.complete(req)
             except APIError as e:
                 return error(e)
             except Exception as e:  # noqa: BLE001 - an engine failure answers this call only
-                return error(APIError(500, f"{type(e).__name__}: {e}", type="server_error"))
+                return error(_server_error(e))
             rid, created = f"chatcmpl-{self._prefix}-{next(self._request_ids)}", int(time.time())
             model = req.model or self.model_name
-            if req.stream:
-                events = stream_events(rid, created, model, choices, prompt_tokens, req.include_usage)
-
-                async def gen():
-                    for ev in events:
-                        yield ev
-
-                return StreamingResponse(gen(), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
             return JSONResponse(completion_body(rid, created, model, choices, prompt_tokens))
 
         async def models(request):
@@ -320,6 +381,10 @@ class ChatServer:
                        Route(f"{prefix}/models/{{model_id:path}}", model, methods=["GET"])]
         routes.append(Route("/s/{sid}/v1/reward", reward, methods=["POST"]))
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+def _server_error(e: BaseException) -> APIError:
+    return APIError(500, f"{type(e).__name__}: {e}", type="server_error")
 
 
 _SHARED: dict[tuple[int, int], tuple[Any, Any, ChatServer]] = {}

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -40,9 +40,11 @@ from agentax.records import (
     Message,
     SamplingParams,
     ToolCall,
+    ToolCallError,
     Trajectory,
     TrajectoryStatus,
 )
+from agentax.serve._deltas import ContentDeltas, delivered_content
 from agentax.serve._protocol import APIError, ChatRequest, Choice, check_response_format
 from agentax.serve._scoring import can_score, top_logprobs
 from agentax.text import parse_tool_calls
@@ -116,6 +118,9 @@ class Session:
         """A reward POSTed to the session's reward route."""
         self.final_answer = ""
         """Content of the latest reply that made no tool call."""
+        self.rejected: str | None = None
+        """The error code when the latest reply failed its request's tool_choice /
+        response_format (the call got a 400); None once a reply passes."""
         self.last_used = time.monotonic()
         self._builder: TrajectoryBuilder | None = None
         self._expected: list[tuple] | None = None
@@ -127,8 +132,18 @@ class Session:
 
     # ------------------------------------------------------------------ requests
 
-    async def complete(self, req: ChatRequest) -> tuple[list[Choice], int]:
+    async def complete(self, req: ChatRequest, *, on_delta: Callable[[str], None] | None = None
+                       ) -> tuple[list[Choice], int]:
         """Runs one chat-completions request; returns (choices, prompt tokens).
+
+        Args:
+          req: the validated request.
+          on_delta: a streamed request's sink of choice 0's content, called with each piece
+            as soon as it is final (see `agentax.serve._deltas`). The returned choice 0's
+            content then starts with the pieces given; the rest (and any tool calls) is the
+            caller's to send. Pieces flow only where they cannot be taken back: n == 1,
+            no logprobs, a text response_format, tool_choice auto / none, and an engine with
+            `stream`; otherwise nothing is given before the end.
 
         Raises:
           APIError: a budget is spent, the prompt does not fit, or the engine failed.
@@ -137,6 +152,7 @@ class Session:
             if self.closed:
                 raise APIError(404, f"session {self.id!r} is closed", code="session_closed")
             self.last_used = time.monotonic()
+            self.rejected = None
             if self.truncated:
                 raise APIError(400, f"this episode's budget is spent ({self.truncated})",
                                code="episode_budget_exhausted")
@@ -160,8 +176,10 @@ class Session:
             # scores every choice's tokens after it
             if req.n > 1 or req.top_logprobs:
                 context = builder.build(0.0, TrajectoryStatus.OK).token_ids
+            deltas = self._deltas(req) if on_delta is not None else None
             try:
-                completions = await self._generate(prompt_ids, params, req.n, context)
+                completions = await self._generate(prompt_ids, params, req.n, context,
+                                                   deltas, on_delta)
             except BaseException:
                 self._break_segment()
                 raise
@@ -171,29 +189,38 @@ class Session:
             reply = builder.add_completion(first)
             choices = [self._choice(i, c, req, reply if i == 0 else None)
                        for i, c in enumerate(completions)]
+            if deltas is not None and deltas.sent:  # the client holds these pieces already
+                choices[0] = dataclasses.replace(
+                    choices[0], content=delivered_content(deltas.sent, choices[0].content))
             if req.top_logprobs:
                 assert context is not None
                 choices = [await self._add_top_logprobs(ch, co, context, params, req.top_logprobs)
                            for ch, co in zip(choices, completions)]
-            for ch in choices:
-                failed = self._unsatisfied(ch, req)
-                if failed is not None:  # the tokens stay recorded; the next call starts a new segment
-                    field, why = failed
-                    self._break_segment()
-                    raise APIError(400, f"choice {ch.index}: {field} {why} (the endpoint validates "
-                                   "the reply, it does not constrain decoding; retry the call)",
-                                   param=field, code=f"{field}_not_satisfied")
+            failed = next(((ch.index, *f) for ch in choices
+                           if (f := self._unsatisfied(ch, req)) is not None), None)
             c0 = choices[0]
-            builder.record_step(Action(text=reply, tool_calls=c0.tool_calls,
-                                       final_answer=None if c0.tool_calls else (c0.content or "")))
-            if not c0.tool_calls:
-                self.final_answer = c0.content or ""
-            self._expected = [_canonical(m) for m in req.messages] + [_canonical(Message(
-                role="assistant", content=c0.content or "", tool_calls=c0.tool_calls))]
+            builder.record_step(Action(
+                text=reply, tool_calls=c0.tool_calls, parse_errors=c0.parse_errors,
+                final_answer=None if c0.tool_calls or failed else (c0.content or "")))
             if first.finish_reason == FinishReason.SLOT_FULL:
                 self.truncated = "context_full"
             elif lim.max_tokens is not None and builder.num_tokens >= lim.max_tokens:
                 self.truncated = f"max_episode_tokens={lim.max_tokens}"
+            if failed is not None:
+                # The reply stays the segment's last: an episode that ends on it (the agent
+                # raises the 400) trains on it. The agent never saw it, so its next call starts
+                # a new segment (`_expected` is unset). A reply the budget cut short leaves the
+                # episode truncated, as any other.
+                index, field, why = failed
+                self._expected = None
+                self.rejected = f"{field}_not_satisfied"
+                raise APIError(400, f"choice {index}: {field} {why} (the endpoint validates the "
+                               "reply, it does not constrain decoding; retry the call)",
+                               param=field, code=self.rejected)
+            if not c0.tool_calls:
+                self.final_answer = c0.content or ""
+            self._expected = [_canonical(m) for m in req.messages] + [_canonical(Message(
+                role="assistant", content=c0.content or "", tool_calls=c0.tool_calls))]
             return choices, int(context.shape[0]) if context is not None else builder.num_tokens - first.num_tokens
 
     def _over_budget(self, used: int, limit: int) -> NoReturn:
@@ -257,9 +284,30 @@ class Session:
             cap = min(cap, max(self.limits.max_tokens - used, 1))
         return dataclasses.replace(run, max_tokens=cap, stop_strings=req.stop or run.stop_strings)
 
+    def _deltas(self, req: ChatRequest) -> ContentDeltas | None:
+        """The streamer of choice 0's content, where pieces can flow before the end."""
+        if (req.n != 1 or req.logprobs or req.response_format != "text"
+                or req.tool_choice not in ("auto", "none") or not hasattr(self.engine, "stream")):
+            return None
+        return ContentDeltas(self._decode, req.stop, self.tool_format if req.tools else None)
+
+    async def _stream_first(self, prompt_ids: np.ndarray, params: SamplingParams,
+                            deltas: ContentDeltas, on_delta: Callable[[str], None]) -> Completion:
+        """Choice 0 through `Engine.stream`: content pieces leave as its tokens arrive."""
+        async for item in self.engine.stream(prompt_ids, params, sequence_id=self._sequence_id):
+            if isinstance(item, Completion):
+                return item
+            piece = deltas.feed(item.token_ids)
+            if piece:
+                on_delta(piece)
+        raise RuntimeError("Engine.stream ended without its Completion")
+
     async def _generate(self, prompt_ids: np.ndarray, params: SamplingParams, n: int,
-                        context: np.ndarray | None) -> list[Completion]:
+                        context: np.ndarray | None, deltas: ContentDeltas | None = None,
+                        on_delta: Callable[[str], None] | None = None) -> list[Completion]:
         async def one(i: int) -> Completion:
+            if i == 0 and deltas is not None and on_delta is not None:
+                return await self._stream_first(prompt_ids, params, deltas, on_delta)
             if i == 0:
                 return await self.engine.generate(prompt_ids, params, sequence_id=self._sequence_id)
             p = dataclasses.replace(params, seed=(params.seed + 7919 * i) & 0x7FFFFFFF)
@@ -325,10 +373,12 @@ class Session:
             if at >= 0:
                 text, finish = text[:at], "stop"
         calls: tuple[ToolCall, ...] = ()
+        errors: tuple[ToolCallError, ...] = ()
         content: str | None = text
         if req.tools:
             parsed = parse_tool_calls(text, fmt=self.tool_format)
             if parsed.errors:  # a malformed call stays visible as text; the agent sees it
+                errors = parsed.errors
                 self._counts["parse_errors"] += len(parsed.errors)
             else:
                 found = parsed.tool_calls if req.parallel_tool_calls else parsed.tool_calls[:1]
@@ -342,7 +392,7 @@ class Session:
         if req.logprobs:
             lp = [(self.tokenizer.decode([int(t)]), float(v), ()) for t, v in zip(c.token_ids, c.logprobs)]
         return Choice(index=index, content=content, tool_calls=calls, finish_reason=finish,
-                      logprobs=lp, completion_tokens=c.num_tokens)
+                      logprobs=lp, completion_tokens=c.num_tokens, parse_errors=errors)
 
     def _decode(self, ids: np.ndarray) -> str:
         """Reply text as `TrajectoryBuilder.add_completion` decodes it (a final eos dropped)."""
@@ -371,6 +421,10 @@ class Session:
         builder = self._builder or TrajectoryBuilder(self.tokenizer)
         out = {**self._counts, "segments": self._counts["segment_breaks"] + (1 if self._builder else 0),
                "final_answer": self.final_answer, **(info or {})}
+        # per-episode numbers the run's evaluation averages (parse errors it counts from the
+        # turns' actions)
+        out["metrics"] = {**dict(out.get("metrics") or {}),
+                          "segment_breaks": float(self._counts["segment_breaks"])}
         if self.truncated:
             out["truncated"] = self.truncated
         if self._earlier:
