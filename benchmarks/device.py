@@ -23,6 +23,9 @@ Model: Qwen3-0.6B-shaped (`ModelConfig.qwen3_0_6b()`), random weights, bfloat16.
   peak is its own step's) and `train_measured_over_predicted_*` (that peak less the bytes
   held before the trainer existed, over the prediction). (R, T) in (8 x 1,024, 1 x 32,768).
 * engine_compiles (kernel compilations of the run), peak_device_memory_bytes.
+* `--prefix-only`: gpu_group_prefill_fraction and gpu_group_shared_over_unshared — one GRPO
+  group of 16 samples of a 1,024-token prompt on a paged engine, prefix sharing on and off
+  (`bench_prefix_group`), written to results/device_prefix.json.
 
 On CPU it prints why it skips and exits 0 (the last line is still JSON). `--cpu-smoke` runs
 the same code with a tiny model and shapes on any backend (a test of the script, not a figure).
@@ -221,6 +224,50 @@ def bench_train(model, rows: int, tokens: int, reps: int, peak: float | None,
     return out
 
 
+def bench_prefix_group(model, group: int, prompt_len: int, max_tokens: int = 16,
+                       pairs: int = 2) -> dict:
+    """Prefix sharing at this model's size: one group of `group` samples of a
+    `prompt_len`-token prompt submitted together to a paged engine with `prefix_sharing` on
+    and off (same kernels; a warm-up of each first; a fresh random prompt every run).
+    gpu_group_prefill_fraction: prompt tokens prefilled over group x prompt_len;
+    gpu_group_shared_over_unshared: the group's wall time off over on (median of pairs)."""
+    import asyncio
+    import dataclasses
+
+    from agentax.engine import Engine
+    from agentax.records import SamplingParams
+
+    config = EngineConfig(max_slots=group, max_seq_len=prompt_len + 64, prefill_chunk=prompt_len,
+                          min_prefill_bucket=16, kv_cache_tokens=group * (prompt_len + 64))
+    rng = np.random.default_rng(0)
+    params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=j) for j in range(group)]
+
+    def run(engine) -> float:
+        prompt = rng.integers(0, model.config.vocab_size, prompt_len).tolist()
+
+        async def go():
+            return await asyncio.gather(*(engine.generate(prompt, p) for p in params))
+
+        t = time.perf_counter()
+        for out in asyncio.run(go()):
+            engine.release(out.sequence_id)
+        return time.perf_counter() - t
+
+    shared = Engine(model, config)
+    unshared = Engine(model, dataclasses.replace(config, prefix_sharing=False))
+    try:
+        run(shared)  # compiles; on a fresh engine, also the prefill measurement
+        out = {"gpu_group_prefill_fraction": shared.stats().prefill_tokens / (group * prompt_len)}
+        run(unshared)
+        times = [(run(shared), run(unshared)) for _ in range(pairs)]
+    finally:
+        shared.shutdown()
+        unshared.shutdown()
+    out["gpu_group_shared_over_unshared"] = float(np.median([b / a for a, b in times]))
+    out["gpu_group_shared_s"], out["gpu_group_unshared_s"] = times[-1]
+    return out
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hbm-gbps", type=float, default=None,
@@ -228,6 +275,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="dense bf16 peak in TFLOP/s (default: looked up by device kind)")
     parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix-only", action="store_true",
+                        help="only the prefix-sharing group figures (results/device_prefix.json)")
     args = parser.parse_args(argv)
     device = jax.devices()[0]
     if device.platform == "cpu" and not args.cpu_smoke:
@@ -255,6 +304,16 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     compiles0 = compiled_count()
     model = Transformer(cfg, rngs=nnx.Rngs(0))
+    if args.prefix_only:
+        group, prompt_len = (4, 64) if args.cpu_smoke else (16, 1024)
+        out = {"device": str(getattr(device, "device_kind", device.platform)),
+               **bench_prefix_group(model, group, prompt_len),
+               "wall_s": time.perf_counter() - t0}
+        if not args.cpu_smoke:
+            path = Path(__file__).parent / "results" / "device_prefix.json"
+            path.write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps(out))
+        return out
     total, body = param_counts(model)
     weight_bytes = total * jnp.dtype(cfg.param_dtype).itemsize
     stats = device.memory_stats() or {}
