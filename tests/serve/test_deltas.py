@@ -69,3 +69,29 @@ def test_agent_exceptions_map_to_statuses():
     np.testing.assert_array_equal(outcome.token_ids, failed.token_ids)  # the reply is kept
     env = OpenAIAgentEnvironment(agent, outcomes={"agents.exceptions.MaxTurnsExceeded": None})
     assert "agents.exceptions.MaxTurnsExceeded" not in env.outcomes
+
+
+def test_requests_cancelled_by_a_stopping_run_are_not_logged_as_app_errors():
+    """A run that stops cancels every episode's open model call; uvicorn logged each as
+    "Exception in ASGI application" with a traceback (16 on Ctrl-C in an SDK recipe's RL)."""
+    import asyncio
+    import logging
+    import sys
+
+    from agentax.serve._server import _CancelledRequest, _quiet_cancelled_requests
+
+    def record(exc):
+        try:
+            raise exc
+        except BaseException:
+            info = sys.exc_info()
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1,
+                                 "Exception in ASGI application\n", (), info)
+
+    quiet = _CancelledRequest()
+    assert not quiet.filter(record(asyncio.CancelledError()))
+    assert quiet.filter(record(ValueError("a real bug in the app")))  # still reported
+    _quiet_cancelled_requests()
+    _quiet_cancelled_requests()  # once, however many servers start
+    assert sum(isinstance(f, _CancelledRequest)
+               for f in logging.getLogger("uvicorn.error").filters) == 1

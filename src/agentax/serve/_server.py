@@ -23,6 +23,7 @@ import collections
 import contextlib
 import itertools
 import json
+import logging
 import secrets
 import socket
 import time
@@ -129,6 +130,7 @@ class ChatServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
                                 timeout_keep_alive=30)
+        _quiet_cancelled_requests()  # after Config, which (re)configures uvicorn's loggers
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -413,3 +415,19 @@ async def shared_server(engine: Any, tokenizer: Any, *, tool_format: str = "herm
         raise ValueError(f"the engine's endpoint parses {server.tool_format!r} tool calls; an "
                          f"environment asked for {tool_format!r}: use one tool_format per run")
     return server
+
+
+class _CancelledRequest(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a request cancelled because its
+    program is stopping (a run interrupted or failed cancels every episode, and each
+    episode's open model call was one traceback): not an error of the app."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+def _quiet_cancelled_requests() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _CancelledRequest) for f in logger.filters):
+        logger.addFilter(_CancelledRequest())

@@ -315,9 +315,12 @@ class Session:
             self.engine.release(c.sequence_id)
             return c
 
+        gathered = asyncio.gather(*(one(i) for i in range(n)))
+        # A stopping run cancels this call: the gather then ends with a CancelledError that no
+        # one reads (asyncio logged each as "exception was never retrieved").
+        gathered.add_done_callback(_retrieve)
         try:
-            outs = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))),
-                                          self.limits.model_timeout_s)
+            outs = await asyncio.wait_for(gathered, self.limits.model_timeout_s)
         except PromptTooLong as e:
             if self.sampling is not None:  # a training episode: as the collector ends it
                 if self._counts["calls"]:
@@ -431,3 +434,7 @@ class Session:
             out["earlier_segments"] = list(self._earlier)
         return builder.build(reward, status, task_id=task_id, timings=timings, info=out)
 
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
