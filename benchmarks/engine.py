@@ -47,7 +47,8 @@ Workloads (same model, same kernels, measured in one run, per model preset):
 * group_prefill_fraction, group_shared_over_unshared, system_prompt_hit_fraction,
   system_prompt_hits_across_update — prefix sharing on the paged cache (`bench_prefix`'s
   docstring: one group of 16 samples of a 1,024-token prompt; 64 prompts sharing a 512-token
-  system prompt; a weight update with `prefix_version_bound=0`). Goals <= 0.07, >= 3, >= 0.9, 0.
+  system prompt; a weight update with `prefix_version_bound=0`; `--quick`: a 512-token
+  prompt, whose prefill and kernels cost half). Goals <= 0.07, >= 3, >= 0.9, 0.
 * tp8_greedy_equal, tp8_kv_bytes_per_device_ratio, tp8_weight_bytes_per_device_ratio — a
   tensor-parallel engine on 8 fake CPU devices (a child process) against one device
   (`tp_study`; full run only, and `--tp-study` alone with XLA_FLAGS set; the same properties
@@ -627,11 +628,12 @@ def bench_episodes(engine, episodes, turns=4, tool_latency=0.05):
     }
 
 
-PREFIX_CONFIG = EngineConfig(max_slots=16, max_seq_len=1088, prefill_chunk=1024,
-                             min_prefill_bucket=16, kv_cache_tokens=16 * 1088 + 64 * 48)
-"""The prefix benchmarks' engine: 16 slots (one group), 1,024-token prompts in one chunk (few
-kernel shapes to compile), a paged cache with room for every group member's own tokens and
-the system-prompt episodes' pages."""
+def prefix_config(prompt_len: int) -> EngineConfig:
+    """The prefix benchmarks' engine: 16 slots (one group), prompts in one chunk (few kernel
+    shapes to compile), a paged cache with room for every group member's own tokens and the
+    system-prompt episodes' pages."""
+    return EngineConfig(max_slots=16, max_seq_len=prompt_len + 64, prefill_chunk=prompt_len,
+                        min_prefill_bucket=16, kv_cache_tokens=16 * (prompt_len + 64) + 64 * 48)
 
 
 def _group_run(engine, prompt, n=16, max_tokens=16):
@@ -639,7 +641,7 @@ def _group_run(engine, prompt, n=16, max_tokens=16):
     return asyncio.run(_continuous(engine, [prompt] * n, params))
 
 
-def bench_prefix(model, pairs=3, group=16, prompt_len=1024, episodes=64, system_len=512):
+def bench_prefix(model, pairs=3, group=16, prompt_len=1024, episodes=64):
     """Prefix sharing on the paged cache (docs/engine.md).
 
     * group_prefill_fraction — one group of `group` samples of one `prompt_len`-token prompt
@@ -648,15 +650,17 @@ def bench_prefix(model, pairs=3, group=16, prompt_len=1024, episodes=64, system_
       each) on an engine with `prefix_sharing=False` over one with sharing (same kernels,
       median of alternating pairs, a fresh random prompt for every run, so the index never
       holds it beforehand).
-    * system_prompt_hit_fraction — `episodes` requests whose prompts share a `system_len`
-      prefix (then 32 tokens of their own), submitted together, after the first: prefix
+    * system_prompt_hit_fraction — `episodes` requests whose prompts share a prefix of
+      `prompt_len` / 2 tokens (then 32 of their own), submitted together, after the first: prefix
       tokens served from the cache over the prefix tokens they asked for.
       system_prompt_hits_across_update — prefix tokens the first such request after a
       weight update (bound 0) was served from KV of the weights before: must be 0.
     """
     rng = np.random.default_rng(11)
-    shared = Engine(model, PREFIX_CONFIG)
-    unshared = Engine(model, dataclasses.replace(PREFIX_CONFIG, prefix_sharing=False))
+    system_len = prompt_len // 2
+    config = prefix_config(prompt_len)
+    shared = Engine(model, config)
+    unshared = Engine(model, dataclasses.replace(config, prefix_sharing=False))
     out = {}
     try:
         # Warm-up (compiles every shape the timed runs meet); the shared engine's, on a fresh
@@ -736,7 +740,7 @@ def tp_figures(devices=8):
 
 
 def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats,
-               filled_pairs=3, prefix_pairs=3):
+               filled_pairs=3, prefix_pairs=3, prefix_len=1024):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
     # precompile: every shape the traffic may meet (which row/span buckets a run meets
     # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
@@ -772,7 +776,7 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
     if prefix_pairs:
-        out.update(bench_prefix(model, pairs=prefix_pairs))
+        out.update(bench_prefix(model, pairs=prefix_pairs, prompt_len=prefix_len))
     if steps_sweep:
         out.update(bench_config_sweep(model, prompts, lengths, config, steps_sweep))
     return out
@@ -807,7 +811,7 @@ def main() -> None:
         # (1.85-2.02 against 2.09): quick and full share one engine config since. Two timed
         # pairs each (three until 2026-12-03: 56-61 s wall on 2 cores, on the 60 s limit).
         plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
-                             repeats=2, filled_pairs=2, prefix_pairs=1)}
+                             repeats=2, filled_pairs=2, prefix_pairs=1, prefix_len=512)}
     else:
         plan = {"tiny": dict(slots=32, requests=256, hf_requests=64, episodes=64,
                              steps_sweep=("steps_1", "steps_4", "steps_8", "steps_16",

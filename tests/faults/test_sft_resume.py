@@ -58,7 +58,8 @@ def test_sigint_during_sft_saves_and_the_resume_continues(tmp_path):
     assert code == 130, err
     line = [x for x in error_lines(err) if x.startswith("agentax train:")]
     assert len(line) == 1 and "stopped at SFT step" in line[0] and "Traceback" not in err, err
-    step = int(line[0].split("stopped at SFT step ")[1].split(";")[0])
+    assert "(interrupted by SIGINT)" in line[0], line[0]
+    step = int(line[0].split("stopped at SFT step ")[1].split()[0])
     assert _sft_steps(run_dir) == [step]
     resumed = run(["train", str(run_dir), "-q"])
     assert resumed.returncode == 0, resumed.stderr
