@@ -70,6 +70,36 @@ SCRIPT = textwrap.dedent(
         assert engine.num_compiles == compiled, (engine.num_compiles, compiled)
         assert all(w.dtype == jax.numpy.bfloat16 for w in engine._weights)
         assert after != before  # the new weights decide
+    # A Placement with an engine on 4 devices of its own: the model goes onto the engine's
+    # mesh, and publishing reshards the trainer's (here: its data mesh's) weights onto it.
+    import time
+    from agentax.pipeline import Placement
+    from agentax.models import shard_params
+
+    placement = Placement.split(jax.devices(), engine_devices=4)
+    assert placement.engine_mesh.shape["tensor"] == 4 and len(placement.trainer_mesh.devices.flat) == 4
+    engine_devices = set(placement.engine_mesh.devices.flat)
+    with Engine(model, dataclasses.replace(base, kv_cache_tokens=256)) as one:
+        one.update_weights(nnx.split(master)[1], version=1)
+        want_master = run(one)
+
+    class Trainer:  # what the publisher reads: the trainer's params on its own mesh
+        def params_for_engine(self):
+            return shard_params(nnx.split(master)[1], placement.trainer_mesh)
+
+    with Engine(placement.engine_model(model), dataclasses.replace(base, kv_cache_tokens=256),
+                mesh=placement.engine_mesh) as engine:
+        run(engine)
+        compiled = engine.num_compiles
+        placement.publisher()(Trainer(), engine, 1)
+        deadline = time.time() + 30
+        while engine.policy_version != 1 and time.time() < deadline:
+            run(engine)  # the swap lands between two decode calls
+        assert engine.policy_version == 1
+        assert run(engine) == want_master
+        assert engine.num_compiles == compiled
+        assert all(set(w.sharding.device_set) == engine_devices for w in engine._weights)
+
     try:
         Engine(Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0)),
                dataclasses.replace(base, tensor_parallel=8))
