@@ -32,6 +32,7 @@ import re
 import shutil
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import jax
@@ -152,13 +153,27 @@ def _is_closed_loop_error(exc_type, exc, tb) -> bool:
 def _drop_late_orbax_errors() -> None:
     """After a failed save, the storage library's pending writes still complete one by one,
     each calling back into Orbax's event loop, already closed: one "Event loop is closed"
-    traceback each (dozens), printed through `sys.excepthook` after the save has returned,
+    traceback each (dozens), printed through `sys.excepthook` or `threading.excepthook` as
+    they come, also while the save is returning (CI saw the tail of one),
     and Orbax logs each failed commit. From then on exactly those are dropped (and Orbax's
     logs below CRITICAL): the caller raises `DiskFullError`, which says it all."""
     # Their late "failed to commit" logs, and asyncio's "exception was never retrieved" for
     # Orbax's abandoned write futures (logged when they are collected), repeat it too.
-    for name in ("absl", "orbax", "asyncio"):
+    # concurrent.futures: "exception calling callback" of an executor future chained into
+    # the closed loop, printed line by line from the finishing thread.
+    for name in ("absl", "orbax", "asyncio", "concurrent.futures"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # ...and, at exit, "coroutine ... was never awaited" for the writes that never ran.
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                            category=RuntimeWarning)
+    _drop_closed_loop_tracebacks()
+
+
+def _drop_closed_loop_tracebacks() -> None:
+    """Installs (once) excepthooks that drop exactly the "Event loop is closed" tracebacks of
+    late callbacks into a closed loop (`_is_closed_loop_error`); every other error still
+    prints. Installed before a save begins: a write thread may print one while the save is
+    failing, half into the held stderr and half out."""
     previous = sys.excepthook
     if getattr(previous, "_agentax_drops_closed_loop", False):
         return
@@ -176,6 +191,13 @@ def _drop_late_orbax_errors() -> None:
             previous_unraisable(args)
 
     sys.unraisablehook = unraisable
+    previous_thread = threading.excepthook
+
+    def thread_hook(args):  # a write thread's own callback into the closed loop
+        if not _is_closed_loop_error(args.exc_type, args.exc_value, args.exc_traceback):
+            previous_thread(args)
+
+    threading.excepthook = thread_hook
 
 
 @contextlib.contextmanager
@@ -276,6 +298,7 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
         tmp.mkdir()
         ckptr = ocp.StandardCheckpointer()
         failed: BaseException | None = None
+        _drop_closed_loop_tracebacks()
         with _held_stderr() as held:
             try:
                 with _quiet_orbax():
@@ -283,6 +306,8 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
                     ckptr.wait_until_finished()
             except BaseException as e:  # noqa: BLE001 - re-raised below, after stderr is back
                 failed = e
+                if _out_of_space(e):  # before stderr is back: a late write's traceback could
+                    _drop_late_orbax_errors()  # slip out between the two (CI saw one)
             finally:
                 with _quiet_orbax(), contextlib.suppress(Exception):
                     ckptr.close()
