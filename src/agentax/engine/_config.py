@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 __all__ = ["EngineConfig", "EngineStats", "PAGE"]
 
@@ -45,15 +46,18 @@ class EngineConfig:
     """Capacity of the per-slot stop-id table (eos ids + SamplingParams.stop_ids)."""
     max_sequences: int = 65536
     """Parked sequences kept on the host; past this the least recently used one is forgotten."""
-    kv_cache_tokens: int = 0
+    kv_cache_tokens: int | Literal["auto"] = 0
     """KV positions the cache holds for all sequences together. 0: one row of max_seq_len
     positions per slot, preallocated (max_slots x max_seq_len). Set: a pool of 16-token
     pages, so held memory follows the tokens: a sequence holds the pages its tokens fill
     (while a request runs, also those its max_tokens may fill); a finished one keeps its
     pages but not its slot, so parked conversations are bounded by pages, not max_slots. A
     request waits until its pages are free (parked sequences are evicted for them, least
-    recently continued first). A decode call's working set (max_slots x its span bucket, all
-    layers) comes on top in both layouts (docs/engine.md). At least max_seq_len - 1."""
+    recently continued first). "auto": pages for max_slots x max_seq_len positions (the rows'
+    memory, paged: prefix sharing and ragged attention at no memory cost; the CLI's
+    default). Set explicitly: at least max_seq_len - 1. With rows, a decode call's working
+    set (max_slots x its span bucket, all layers) comes on top (docs/engine.md); pages read
+    each row's own pages in place."""
     prefix_sharing: bool = True
     """With a paged cache: requests whose prompts start with the same full 16-token pages
     share those pages instead of prefilling them again (a group's samples, a system prompt
@@ -110,14 +114,23 @@ class EngineConfig:
              f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         need(self.prefix_version_bound >= 0,
              f"prefix_version_bound must be >= 0, got {self.prefix_version_bound}")
-        need(self.kv_cache_tokens == 0 or self.kv_cache_tokens >= self.max_seq_len - 1,
-             f"kv_cache_tokens={self.kv_cache_tokens} cannot hold one sequence of max_seq_len="
-             f"{self.max_seq_len}: set it to 0 (a row per slot) or >= {self.max_seq_len - 1}")
+        need(self.kv_cache_tokens in (0, "auto") or (
+            isinstance(self.kv_cache_tokens, int) and self.kv_cache_tokens >= self.max_seq_len - 1),
+             f"kv_cache_tokens={self.kv_cache_tokens!r} cannot hold one sequence of max_seq_len="
+             f"{self.max_seq_len}: set it to 0 (a row per slot), 'auto' (pages for max_slots x "
+             f"max_seq_len) or >= {self.max_seq_len - 1}")
+
+    @property
+    def paged_tokens(self) -> int:
+        """Positions of the paged cache (`kv_cache_tokens` with "auto" resolved; 0: rows)."""
+        if self.kv_cache_tokens == "auto":
+            return self.max_slots * self.max_seq_len
+        return self.kv_cache_tokens
 
     @property
     def kv_pages(self) -> int:
         """Pages of the paged cache (0: one row per slot instead)."""
-        return -(-self.kv_cache_tokens // PAGE)
+        return -(-self.paged_tokens // PAGE)
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
@@ -163,9 +176,16 @@ class EngineConfig:
         return next((b for b in self.attend_buckets if b >= length), self.max_seq_len)
 
     def kernel_shapes(self) -> list[tuple]:
-        """Every kernel shape traffic can meet (what `precompile` compiles): ("decode", span)
-        per attention span and ("prefill", rows, chunk, span) per row bucket, chunk bucket
-        and span that holds the chunk. Its length is the engine's compilation count at most."""
+        """Every kernel shape traffic can meet (what `precompile` compiles). A paged cache:
+        ("decode",) and ("prefill", rows, chunk) per row bucket and chunk bucket (attention
+        reads each row's own pages, so no span is compiled in). Rows: ("decode", span) per
+        attention span and ("prefill", rows, chunk, span) per row bucket, chunk bucket and
+        span that holds the chunk. Its length is the engine's compilation count at most
+        (copy-on-write page copies aside: one small kernel per power-of-two copy count)."""
+        if self.kv_pages:
+            return [("decode",)] + [("prefill", rows, chunk)
+                                    for rows in self.prefill_row_buckets
+                                    for chunk in self.prefill_buckets]
         shapes: list[tuple] = [("decode", span) for span in self.attend_buckets]
         for rows in self.prefill_row_buckets:
             for chunk in self.prefill_buckets:

@@ -8,9 +8,10 @@ donate the cache (updated in place) and never the weights (the trainer may share
 bucket, span bucket) it meets, decode once per span bucket.
 
 `prefill_chunk_paged` and `decode_steps_paged` are the same over a paged cache (per layer a
-pool [P, K, PAGE, H] and a page table [S, pages per slot]): they gather each row's span
-from its pages once per call (`_gather_span`), run the same model code on it, and scatter
-the positions the call wrote back to their pages (`_scatter`).
+pool [P, K, PAGE, H] and a page table [S, pages per slot]), with the ragged attention of
+`agentax.models.paged_forward` / `paged_decode_step`: each row reads its own pages, for as
+many as it holds, so they take no span and compile once per row and chunk bucket (prefill)
+or once (decode), whatever max_seq_len is.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from flax import nnx
 from agentax.engine._config import PAGE
 from agentax.engine._sampling import RowSampling, sample_tokens
 from agentax.models import KVCache
+from agentax.models import PAGE as MODEL_PAGE
+from agentax.models import paged_decode_step, paged_forward, scatter_pages
+
+assert PAGE == MODEL_PAGE, "the engine's page size is the model code's"
 
 __all__ = ["ModelDef", "prefill_chunk", "decode_steps", "prefill_chunk_paged",
            "decode_steps_paged", "copy_pages", "compiled_count"]
@@ -125,16 +130,22 @@ def decode_steps(
     # against 8.0 ms per 8-step call at max_seq_len 1024, span 128; carrying the span through
     # the loop and writing it back measured 12.6).
     span = KVCache(*(tuple(c[:, :, :attend_len] for c in part) for part in (cache.k, cache.v)))
+    positions_s = state_4s[1]
+
+    def step(model, tok, pos, fresh, i):
+        return model.decode_step(tok, pos, span, fresh, i, positions_s, attend_len)
+
     out_tok, out_lp, counts, fresh = _decode_loop(
-        model_def, weights, span, cache.fresh(num_steps), state_4s, sampling, stop_ids_sm,
-        num_steps, attend_len, cache.max_seq_len)
+        model_def, weights, step, cache.fresh(num_steps), state_4s, sampling, stop_ids_sm,
+        num_steps, cache.max_seq_len)
     # A slot writes the steps it was active for (a prefix): idle slots write nothing.
     return out_tok, out_lp, counts, cache.write_fresh(fresh, state_4s[1], counts)
 
 
-def _decode_loop(model_def, weights, span, fresh, state_4s, sampling, stop_ids_sm, num_steps,
-                 attend_len, t_max):
-    """The fused decode steps over a cache `span` that is only read; returns (tokens, logprobs,
+def _decode_loop(model_def, weights, step_fn, fresh, state_4s, sampling, stop_ids_sm,
+                 num_steps, t_max):
+    """The fused decode steps; `step_fn(model, tokens, positions, fresh, i)` runs one step
+    over a cache it only reads and returns (logits, fresh). Returns (tokens, logprobs,
     counts, fresh K/V of the call's steps)."""
     tokens_s, positions_s, remaining_s = state_4s[0], state_4s[1], state_4s[3]
     active_s = state_4s[2] != 0
@@ -150,7 +161,7 @@ def _decode_loop(model_def, weights, span, fresh, state_4s, sampling, stop_ids_s
 
     def body(carry):
         i, fresh, tok, pos, active, remaining, out_tok, out_lp, counts = carry
-        logits, fresh = model.decode_step(tok, pos, span, fresh, i, positions_s, attend_len)
+        logits, fresh = step_fn(model, tok, pos, fresh, i)
         new_tok, lp = sample_tokens(logits, sampling, pos + 1)
         new_tok = jnp.where(active, new_tok, tok)
         out_tok = out_tok.at[:, i].set(new_tok)
@@ -173,68 +184,40 @@ def _decode_loop(model_def, weights, span, fresh, state_4s, sampling, stop_ids_s
 # ---------------------------------------------------------------------- paged cache
 
 
-def _gather_span(pool: jax.Array, table_rn: jax.Array, span: int) -> jax.Array:
-    """[R, K, span, H]: positions [0, span) of each row, from its pages of `pool` [P, K, PAGE,
-    H] listed in `table_rn` (entries past a row's own pages point anywhere: masked)."""
-    n = -(-span // PAGE)
-    g = pool[table_rn[:, :n]]  # [R, n, K, PAGE, H]
-    r, _, k, page, h = g.shape
-    return g.transpose(0, 2, 1, 3, 4).reshape(r, k, n * page, h)[:, :, :span]
-
-
-def _scatter(pool: jax.Array, table_rn: jax.Array, positions_rt: jax.Array,
-             values_rtkh: jax.Array, t_max: int) -> jax.Array:
-    """Writes values [R, T, K, H] at positions [R, T] of each row's pages; positions >= t_max
-    write nothing."""
-    index = jnp.minimum(positions_rt // PAGE, table_rn.shape[1] - 1)
-    page = jnp.take_along_axis(table_rn, index, axis=1)
-    page = jnp.where(positions_rt < t_max, page, pool.shape[0])  # out of range: dropped
-    return pool.at[page, :, positions_rt % PAGE].set(values_rtkh.astype(pool.dtype), mode="drop")
-
-
-def _span_view(pool: KVCache, table_rn: jax.Array, span: int) -> KVCache:
-    return KVCache(*(tuple(_gather_span(c, table_rn, span) for c in part)
-                     for part in (pool.k, pool.v)))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 8, 9), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnums=(0, 8), donate_argnums=(2,))
 def prefill_chunk_paged(model_def, weights, pool: KVCache, table_sn, tokens_rc, positions_rc,
-                        slots_r, sampling: RowSampling, attend_len: int, t_max: int):
-    """`prefill_chunk` over a paged cache (`table_sn` [S, pages per slot])."""
-    table_rn = table_sn[slots_r]
-    view = _span_view(pool, table_rn, attend_len)
+                        slots_r, sampling: RowSampling, t_max: int):
+    """`prefill_chunk` over a paged cache (`table_sn` [S, pages per slot]). Attention reads
+    each row's pages in blocks for as long as the call's longest row needs (`paged_forward`):
+    no span argument, one compilation per (row bucket, chunk bucket)."""
     model = _merge(model_def, weights)
-    # On the view, positions >= attend_len (padding carries t_max) write nothing.
-    logits_rv, view = model.forward_cached(tokens_rc, positions_rc, view, last_only=True,
-                                           attend_len=attend_len)
+    logits_rv, pool = paged_forward(model, tokens_rc, positions_rc, pool, table_sn[slots_r],
+                                    t_max, last_only=True)
     token, logprob = sample_tokens(logits_rv, sampling, positions_rc[:, -1] + 1)
-    rows = jnp.arange(tokens_rc.shape[0])[:, None]
-    index = jnp.minimum(positions_rc, attend_len - 1)
-
-    def write(p, c):  # this chunk's K/V, read back from the view: c[rows, :, index] [R, C, K, H]
-        return _scatter(p, table_rn, positions_rc, c[rows, :, index], t_max)
-
-    pool = KVCache(tuple(map(write, pool.k, view.k)), tuple(map(write, pool.v, view.v)))
     return token, logprob, pool
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7, 8, 9), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnums=(0, 7, 8), donate_argnums=(2,))
 def decode_steps_paged(model_def, weights, pool: KVCache, table_sn, state_4s,
-                       sampling: RowSampling, stop_ids_sm, num_steps: int, attend_len: int,
-                       t_max: int):
-    """`decode_steps` over a paged cache: every slot's span is gathered from its pages once
-    per call (not per step), and the call's K/V are scattered to their pages after it."""
-    span = _span_view(pool, table_sn, attend_len)
-    fresh = KVCache(*(tuple(jnp.zeros((*c.shape[:2], num_steps, c.shape[3]), c.dtype)
-                            for c in part) for part in (span.k, span.v)))
+                       sampling: RowSampling, stop_ids_sm, num_steps: int, t_max: int):
+    """`decode_steps` over a paged cache. Each step's attention reads only the active slots'
+    own pages (`paged_decode_step`: its cost follows the sum of their lengths, not slots x
+    the longest); the call's K/V are scattered to their pages after it."""
+    start_s, active_s = state_4s[1], state_4s[2] != 0
+    fresh = KVCache(*(tuple(jnp.zeros((state_4s.shape[1], p.shape[1], num_steps, p.shape[3]),
+                                      p.dtype) for p in part)
+                      for part in (pool.k, pool.v)))
+
+    def step(model, tok, pos, fresh, i):
+        return paged_decode_step(model, tok, pos, pool, table_sn, fresh, i, start_s, active_s)
+
     out_tok, out_lp, counts, fresh = _decode_loop(
-        model_def, weights, span, fresh, state_4s, sampling, stop_ids_sm, num_steps,
-        attend_len, t_max)
+        model_def, weights, step, fresh, state_4s, sampling, stop_ids_sm, num_steps, t_max)
     j = jnp.arange(num_steps)[None, :]
-    positions = jnp.where(j < counts[:, None], state_4s[1][:, None] + j, t_max)  # [S, F]
+    positions = jnp.where(j < counts[:, None], start_s[:, None] + j, t_max)  # [S, F]
 
     def write(p, f):  # f [S, K, F, H]
-        return _scatter(p, table_sn, positions, f.transpose(0, 2, 1, 3), t_max)
+        return scatter_pages(p, table_sn, positions, f.transpose(0, 2, 1, 3), t_max)
 
     pool = KVCache(tuple(map(write, pool.k, fresh.k)), tuple(map(write, pool.v, fresh.v)))
     return out_tok, out_lp, counts, pool

@@ -144,14 +144,15 @@ class Runner:
         """Runs one prefill call; returns device arrays (tokens [R], logprobs [R])."""
         sampling = RowSampling(*(jnp.asarray(a) for a in plan.sampling_r))
         args = (jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
-                jnp.asarray(plan.slots_r), sampling, plan.attend_len)
+                jnp.asarray(plan.slots_r), sampling)
         if self.paged:
             token, logprob, self.cache = self._timed(
                 prefill_chunk_paged, self.model_def, self.weights, self.cache,
                 self._page_table(sched), *args, self.config.max_seq_len)
         else:
             token, logprob, self.cache = self._timed(
-                prefill_chunk, self.model_def, self.weights, self.cache, *args)
+                prefill_chunk, self.model_def, self.weights, self.cache, *args,
+                plan.attend_len)
         return token, logprob
 
     def decode(self, plan: DecodePlan, sched: Scheduler):
@@ -170,7 +171,7 @@ class Runner:
             out_tok, out_lp, counts, self.cache = self._timed(
                 decode_steps_paged, self.model_def, self.weights, self.cache,
                 self._page_table(sched), state, sampling, stop_table, plan.steps,
-                plan.attend_len, self.config.max_seq_len)
+                self.config.max_seq_len)
         else:
             out_tok, out_lp, counts, self.cache = self._timed(
                 decode_steps, self.model_def, self.weights, self.cache, state, sampling,
@@ -178,37 +179,39 @@ class Runner:
         return jax.device_get((out_tok, out_lp, counts))
 
     def precompile(self) -> None:
-        """Compiles every shape of `config.kernel_shapes()` (decode per attention span,
-        prefill per row bucket, chunk bucket and span that holds the chunk), on inputs that
-        write nothing."""
+        """Compiles every shape of `config.kernel_shapes()` (rows: decode per attention span,
+        prefill per row bucket, chunk bucket and span that holds the chunk; pages: decode
+        once, prefill per row bucket and chunk bucket), on inputs that write nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
         # Paged: a table of zeros (page 0 for every slot) is read, never written.
         table = jax.device_put(np.zeros((s, -(-t_max // PAGE)), np.int32), self._place)
-        decode, prefill = ((decode_steps_paged, prefill_chunk_paged) if self.paged
-                           else (decode_steps, prefill_chunk))
-        paged = (table,) if self.paged else ()
-        tail = (t_max,) if self.paged else ()
         for kind, *shape in cfg.kernel_shapes():
             if kind == "decode":
                 state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
                 ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
                 sampling = RowSampling(ones, zeros, ones, jnp.zeros((s,), jnp.uint32))
-                *_, self.cache = self._timed(
-                    decode, self.model_def, self.weights, self.cache, *paged,
-                    jnp.asarray(state), sampling, jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
-                    cfg.decode_steps_per_call, shape[0], *tail,
-                )
+                args = (jnp.asarray(state), sampling,
+                        jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
+                        cfg.decode_steps_per_call)
+                if self.paged:
+                    *_, self.cache = self._timed(decode_steps_paged, self.model_def,
+                                                 self.weights, self.cache, table, *args, t_max)
+                else:
+                    *_, self.cache = self._timed(decode_steps, self.model_def, self.weights,
+                                                 self.cache, *args, shape[0])
                 continue
-            r, c, span = shape
+            r, c = shape[:2]
             zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
             sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
-            *_, self.cache = self._timed(
-                prefill, self.model_def, self.weights, self.cache, *paged,
-                jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
-                sampling, span, *tail,
-            )
+            args = (jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
+                    sampling)
+            if self.paged:
+                *_, self.cache = self._timed(prefill_chunk_paged, self.model_def, self.weights,
+                                             self.cache, table, *args, t_max)
+            else:
+                *_, self.cache = self._timed(prefill_chunk, self.model_def, self.weights,
+                                             self.cache, *args, shape[2])
         jax.block_until_ready(self.cache)
-
 
     def kv_bytes_per_device(self) -> int:
         """Bytes of the K/V cache held on one device (the whole cache without a mesh)."""

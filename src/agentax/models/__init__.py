@@ -3,6 +3,7 @@
 from agentax.models._checkpoint import load_pretrained, read_hf_config, save_pretrained
 from agentax.models._config import BYTE_VOCAB_SIZE, ModelConfig, RopeScaling
 from agentax.models._hf_config import config_from_hf, config_to_hf
+from agentax.models._paged import PAGE, paged_decode_step, paged_forward, scatter_pages
 from agentax.models._sharding import (DEFAULT_PARTITION_RULES, MESH_AXES, make_mesh,
                                       param_sharding_fn, param_shardings, partition_spec_for,
                                       shard_params)
@@ -12,6 +13,7 @@ __all__ = [
     "BYTE_VOCAB_SIZE",
     "DEFAULT_PARTITION_RULES",
     "MESH_AXES",
+    "PAGE",
     "KVCache",
     "ModelConfig",
     "RopeScaling",
@@ -22,10 +24,13 @@ __all__ = [
     "kv_cache_bytes",
     "load_pretrained",
     "make_mesh",
+    "paged_decode_step",
+    "paged_forward",
     "param_sharding_fn",
     "param_shardings",
     "partition_spec_for",
     "read_hf_config",
     "save_pretrained",
+    "scatter_pages",
     "shard_params",
 ]
