@@ -207,6 +207,27 @@ def test_precompiled_engine_generates_without_compiling(model, monkeypatch):
         assert plain.wait_compiled(timeout=30) and plain.num_compiles == 0
 
 
+def test_paged_engine_compiles_one_decode_kernel_whatever_the_lengths(model):
+    """Paged attention takes no span: long and short sequences, prefilled in several chunks
+    and decoded across what would be several span buckets, run on the precompiled kernels
+    (decode once, prefill per row and chunk bucket) and match the reference."""
+    config = EngineConfig(max_slots=3, max_seq_len=160, prefill_chunk=32, min_attend_bucket=16,
+                          decode_steps_per_call=4, kv_cache_tokens="auto", precompile=True)
+    assert config.kv_pages == 3 * 160 // 16
+    assert config.kernel_shapes() == [("decode",)] + [
+        ("prefill", r, c) for r in (1, 2, 3) for c in (16, 32)]
+    rng = np.random.default_rng(3)
+    prompts = random_prompts(rng, 4, 3, 90)
+    with Engine(model, config) as engine:
+        assert engine.wait_compiled(timeout=300)
+        compiled = engine.num_compiles
+        assert compiled == len(config.kernel_shapes())
+        outs = engine.generate_batch(prompts, SamplingParams(temperature=0.0, max_tokens=40))
+        for prompt, out in zip(prompts, outs):
+            assert out.token_ids.tolist() == reference_greedy(model, prompt, 40, pad_to=160)
+        assert engine.num_compiles == compiled
+
+
 def test_paged_cache_generates_what_the_slot_layout_does(engine, model):
     """Six 3-turn conversations on 4 slots, greedy and sampled: a paged cache of 128 positions
     (8 pages; the slots hold 4 x 96) must evict and re-prefill more, and give the same tokens."""

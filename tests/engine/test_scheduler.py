@@ -378,6 +378,10 @@ def test_paged_cache_must_hold_one_whole_sequence():
     with pytest.raises(ValueError, match="kv_cache_tokens=40 cannot hold one sequence"):
         EngineConfig(max_seq_len=64, kv_cache_tokens=40)
     assert EngineConfig(max_seq_len=64, kv_cache_tokens=63).kv_pages == 4
+    # "auto": the rows' positions, paged
+    assert EngineConfig(max_slots=3, max_seq_len=64, kv_cache_tokens="auto").kv_pages == 12
+    with pytest.raises(ValueError, match="'auto' \\(pages for max_slots x max_seq_len\\)"):
+        EngineConfig(max_seq_len=64, kv_cache_tokens=-1)
 
 
 def test_paged_cancel_release_and_failure_return_every_page():

@@ -321,11 +321,11 @@ def _demo_engine() -> EngineConfig:
     # One chunk shape (prompts and continuations are ~20-30 tokens) and prefill calls of at
     # most 8 rows (row buckets 1, 2, 4, 8): 5 kernels to compile instead of 7, about 2 s each
     # on 2 cores; 32 new episodes then take 4 prefill calls, which costs less than that.
-    # Rows, not pages: a recipe that raises max_seq_len inherits this field, and a fixed
-    # page budget would then hold few of its sequences (`engine.kv_cache_tokens=5120`
-    # pages the demo's bytes and shares each group's prompt pages).
+    # Pages for max_slots x max_seq_len ("auto"): the rows' memory, paged, so a group's samples
+    # share their prompt's pages and decode reads each row's own tokens; a recipe that raises
+    # max_seq_len or max_slots inherits a budget that grows with them.
     return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=32, min_prefill_bucket=32,
-                        max_prefill_rows=8, decode_steps_per_call=8)
+                        max_prefill_rows=8, decode_steps_per_call=8, kv_cache_tokens="auto")
 
 def _demo_sampling() -> SamplingParams:
     return SamplingParams(temperature=1.0, max_tokens=64)
