@@ -41,8 +41,14 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   window 64, 1 global) with 16 slots at 1,900 tokens of 2,048: sliding layers held as rings of
   window + 127 positions (the engine's layout) vs the whole slot; `ring_study_full_over_ring`.
 * --paging-study — decode call cost of the engine's paged kernel (16-token pages in random
-  order, the span gathered once per call) over its slot-layout kernel, same model, span
-  and filled length, at 8 fused steps (`paged_over_bucket_cost`) and 1 (docs/engine.md).
+  order, read in place by the ragged attention) over its slot-layout kernel, same model and
+  filled length (span 128 for rows), at 8 fused steps (`paged_over_bucket_cost`) and 1.
+* straggler_decode_cost — a paged decode call (8 steps, tiny model, 32 slots, max_seq_len
+  8,192, process CPU time, median of interleaved calls) with 31 rows at 128 tokens and one
+  at 4,096, over all 32 at 128. Goal <= 1.5. `straggler_tokens_read_ratio` is the ratio of
+  the positions the two loads must read (1.97); `straggler_decode_cost_rows` (full run) the
+  same for the slot layout, whose dense span covers the longest row for every row.
+  `--straggler-study` runs it alone.
 
 * group_prefill_fraction, group_shared_over_unshared, system_prompt_hit_fraction,
   system_prompt_hits_across_update — prefix sharing on the paged cache (`bench_prefix`'s
@@ -54,8 +60,10 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   (`tp_study`; full run only, and `--tp-study` alone with XLA_FLAGS set; the same properties
   are asserted by tests/engine/test_tensor_parallel.py). Goals 1 and 1/8.
 * engine_kernels_qwen3_0_6b_32k — kernel shapes a 64-slot, 32,768-token engine may compile
-  (`EngineConfig.kernel_shapes()`, what `precompile` compiles) with the default prefill knobs;
-  `_long_prefill` with 8 prefill rows of 512-token chunks. Goal <= 40.
+  (`EngineConfig.kernel_shapes()`, what `precompile` compiles) on a paged cache with the
+  default prefill knobs (decode once, prefill per row bucket x chunk bucket: no span);
+  `_long_prefill` with 8 prefill rows of 512-token chunks; `_rows` the slot layout's count
+  (span buckets multiply it). Goal <= 40.
 
 Every timed figure is the median of alternating pairs after a warm-up run of the very same
 workload (so the timed part compiles nothing; `timed_compiles` reports it). `*_cpu` figures
@@ -477,7 +485,7 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
     out = {}
     for steps in (8, 1):
         bucket, paged = interleaved(lambda name: decode_steps_paged(
-            model_def, leaves, caches[name], table, st, samp, stop, steps, 128, max_seq_len)
+            model_def, leaves, caches[name], table, st, samp, stop, steps, max_seq_len)
             if name == "paged" else decode_steps(model_def, leaves, caches[name], st, samp,
                                                  stop, steps, 128))
         tag = "" if steps == 8 else f"_steps_{steps}"
@@ -491,7 +499,7 @@ def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
     samp = RowSampling(jnp.zeros(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
                        jnp.zeros(rows, jnp.uint32))
     bucket, paged = interleaved(lambda name: prefill_chunk_paged(
-        model_def, leaves, caches[name], table, ids, positions, slots, samp, 128, max_seq_len)
+        model_def, leaves, caches[name], table, ids, positions, slots, samp, max_seq_len)
         if name == "paged" else prefill_chunk(model_def, leaves, caches[name], ids, positions,
                                               slots, samp, 128))
     out.update({"paging_study_prefill_bucket_ms": bucket, "paging_study_prefill_paged_ms": paged,
@@ -560,9 +568,10 @@ def paged_memory(model, config, prompts, lengths, slot_tokens_per_s, episodes=0)
 
 
 def decode_temp_bytes(model, config):
-    """Temporary bytes XLA allocates for one decode call at the largest span below the slot
-    (the slot layout slices its span, a copy; at the whole slot it reads in place) and at
-    the whole slot, slot layout and paged."""
+    """Temporary bytes XLA allocates for one decode call of the slot layout at the largest
+    span below the slot (it slices its span, a copy) and at the whole slot (read in place),
+    and of the paged layout (no span: its ragged attention reads a block of pages at a
+    time, whatever the lengths)."""
     from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
     from agentax.engine._runner import _page_pool
     from agentax.models import init_cache
@@ -581,10 +590,10 @@ def decode_temp_bytes(model, config):
         tag = "" if span == t else f"_span_{span}"
         slot = decode_steps.lower(model_def, leaves, cache, st, samp, stop,
                                   config.decode_steps_per_call, span).compile()
-        paged = decode_steps_paged.lower(model_def, leaves, pool, table, st, samp, stop,
-                                         config.decode_steps_per_call, span, t).compile()
         out[f"decode_temp_bytes_slots{tag}"] = slot.memory_analysis().temp_size_in_bytes
-        out[f"decode_temp_bytes_paged{tag}"] = paged.memory_analysis().temp_size_in_bytes
+    paged = decode_steps_paged.lower(model_def, leaves, pool, table, st, samp, stop,
+                                     config.decode_steps_per_call, t).compile()
+    out["decode_temp_bytes_paged"] = paged.memory_analysis().temp_size_in_bytes
     return out
 
 
@@ -782,6 +791,63 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
     return out
 
 
+def straggler_study(model, batch=32, short=128, long=4096, max_seq_len=8192, calls=12,
+                    layouts=("paged", "rows")):
+    """A decode call (8 fused steps, process CPU ms, median of interleaved calls) of the
+    engine's paged kernel with 31 slots at `short` tokens and one at `long`, over all slots at
+    `short`: ragged attention reads each row's own pages, so the straggler costs its own
+    tokens. The slot layout's kernel (a dense span bucket covering the longest row) is
+    measured beside it for the same two loads."""
+    from agentax.engine._config import PAGE
+    from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
+    from agentax.engine._runner import _page_pool
+    from agentax.models import init_cache
+
+    cfg = model.config
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    model_def = ModelDef(graphdef, treedef)
+    per_seq = max_seq_len // PAGE
+    pool = _page_pool(cfg, EngineConfig(max_slots=batch, max_seq_len=max_seq_len,
+                                        kv_cache_tokens=batch * max_seq_len))
+    rows = init_cache(cfg, batch, max_seq_len)
+    table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
+                        .reshape(batch, per_seq).astype(np.int32))
+    loads = {}
+    for name, last in (("even", short), ("straggler", long)):
+        st, samp, stop = _active_decode_args(batch, short)
+        loads[name] = (st.at[1, -1].set(last), samp, stop)
+    ms = {}
+    for layout in layouts:
+        times = {name: [] for name in loads}
+        for i in range(calls + 1):  # the first call of each compiles
+            for name, (st, samp, stop) in loads.items():
+                c = time.process_time()
+                if layout == "paged":
+                    *res, pool = decode_steps_paged(model_def, leaves, pool, table, st, samp,
+                                                    stop, 8, max_seq_len)
+                else:
+                    span = EngineConfig(max_seq_len=max_seq_len).attend_bucket(
+                        int(st[1].max()) + 8)
+                    *res, rows = decode_steps(model_def, leaves, rows, st, samp, stop, 8, span)
+                jax.block_until_ready(res)
+                if i:
+                    times[name].append(time.process_time() - c)
+        for name in loads:
+            ms[f"{layout}_{name}"] = 1e3 * float(np.median(times[name]))
+    out = {"straggler_decode_cost": ms["paged_straggler"] / ms["paged_even"],
+           "straggler_study_even_ms": ms["paged_even"],
+           "straggler_study_straggler_ms": ms["paged_straggler"],
+           # The pages the two loads read (+1 per row: its call's own steps), their ratio
+           # being the cost an attention-bound decode cannot go below.
+           "straggler_tokens_read_ratio": ((batch - 1) * short + long) / (batch * short)}
+    if "rows" in layouts:
+        out.update({"straggler_decode_cost_rows": ms["rows_straggler"] / ms["rows_even"],
+                    "straggler_study_rows_even_ms": ms["rows_even"],
+                    "straggler_study_rows_straggler_ms": ms["rows_straggler"]})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
@@ -791,11 +857,17 @@ def main() -> None:
                         help="only compare sliding-window rings with whole-slot sliding layers")
     parser.add_argument("--paging-study", action="store_true",
                         help="only compare a paged KV cache with span buckets (docs/engine.md)")
+    parser.add_argument("--straggler-study", action="store_true",
+                        help="only the ragged decode's cost with one long row (straggler)")
     parser.add_argument("--tp-study", action="store_true",
                         help="only tensor parallelism over fake CPU devices (set XLA_FLAGS)")
     args = parser.parse_args()
     if args.tp_study:
         print(json.dumps({k: round(v, 4) for k, v in tp_study(len(jax.devices())).items()}))
+        return
+    if args.straggler_study:
+        model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
+        print(json.dumps({k: round(v, 4) for k, v in straggler_study(model).items()}))
         return
     if args.ring_study:
         print(json.dumps({k: round(v, 4) for k, v in ring_study().items()}))
@@ -841,6 +913,12 @@ def main() -> None:
                 "system_prompt_hits_across_update"):  # measured on tiny
         figures[key] = figures[f"tiny/{key}"]
     figures["continuous_over_static_tiny"] = figures["tiny/continuous_over_static"]
+    # One long row among short ones: the paged engine's ragged decode (quick: that layout
+    # only, fewer calls; full: the rows layout's dense span beside it).
+    tiny_model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
+    figures.update({k: round(v, 4) for k, v in straggler_study(
+        tiny_model, calls=4 if args.quick else 12,
+        layouts=("paged",) if args.quick else ("paged", "rows")).items()})
     if not args.quick:
         figures.update(tp_figures())
     # The kernels a 64-slot, 32k-token engine may compile (what precompile compiles), with
@@ -849,6 +927,8 @@ def main() -> None:
     figures["engine_kernels_qwen3_0_6b_32k"] = len(long.kernel_shapes())
     figures["engine_kernels_qwen3_0_6b_32k_long_prefill"] = len(dataclasses.replace(
         long, max_prefill_rows=8, prefill_chunk=512, min_prefill_bucket=512).kernel_shapes())
+    figures["engine_kernels_qwen3_0_6b_32k_rows"] = len(dataclasses.replace(
+        long, kv_cache_tokens=0).kernel_shapes())
     figures["workload"] = (
         f"lognormal outputs (median {MEDIAN_LEN}, sigma {SIGMA}, cap {MAX_TOKENS}), prompts "
         "16-64, arrival order fixed; 4-turn episodes, 50 ms tools"
