@@ -215,7 +215,8 @@ def test_paged_engine_compiles_one_decode_kernel_whatever_the_lengths(model):
                           decode_steps_per_call=4, kv_cache_tokens="auto", precompile=True)
     assert config.kv_pages == 3 * 160 // 16
     assert config.kernel_shapes() == [("decode",)] + [
-        ("prefill", r, c) for r in (1, 2, 3) for c in (16, 32)]
+        ("prefill", r, c) for r in (1, 2, 3) for c in (16, 32)] + [
+        ("copy", n) for n in (1, 2, 4)]
     rng = np.random.default_rng(3)
     prompts = random_prompts(rng, 4, 3, 90)
     with Engine(model, config) as engine:

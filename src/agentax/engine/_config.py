@@ -178,14 +178,19 @@ class EngineConfig:
     def kernel_shapes(self) -> list[tuple]:
         """Every kernel shape traffic can meet (what `precompile` compiles). A paged cache:
         ("decode",) and ("prefill", rows, chunk) per row bucket and chunk bucket (attention
-        reads each row's own pages, so no span is compiled in). Rows: ("decode", span) per
-        attention span and ("prefill", rows, chunk, span) per row bucket, chunk bucket and
-        span that holds the chunk. Its length is the engine's compilation count at most
-        (copy-on-write page copies aside: one small kernel per power-of-two copy count)."""
+        reads each row's own pages, so no span is compiled in), and with prefix sharing
+        ("copy", n), the copy-on-write page copies, per power of two up to max_slots. Rows:
+        ("decode", span) per attention span and ("prefill", rows, chunk, span) per row
+        bucket, chunk bucket and span that holds the chunk. Its length is the engine's
+        compilation count at most."""
         if self.kv_pages:
+            # Copy-on-write page copies: one per sequence admitted, padded to a power of two.
+            copies = [("copy", 1 << i)
+                      for i in range((self.max_slots - 1).bit_length() + 1)] \
+                if self.prefix_sharing else []
             return [("decode",)] + [("prefill", rows, chunk)
                                     for rows in self.prefill_row_buckets
-                                    for chunk in self.prefill_buckets]
+                                    for chunk in self.prefill_buckets] + copies
         shapes: list[tuple] = [("decode", span) for span in self.attend_buckets]
         for rows in self.prefill_row_buckets:
             for chunk in self.prefill_buckets:

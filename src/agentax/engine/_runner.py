@@ -181,11 +181,18 @@ class Runner:
     def precompile(self) -> None:
         """Compiles every shape of `config.kernel_shapes()` (rows: decode per attention span,
         prefill per row bucket, chunk bucket and span that holds the chunk; pages: decode
-        once, prefill per row bucket and chunk bucket), on inputs that write nothing."""
+        once, prefill per row bucket and chunk bucket, page copies per power of two), on
+        inputs that write nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
         # Paged: a table of zeros (page 0 for every slot) is read, never written.
         table = jax.device_put(np.zeros((s, -(-t_max // PAGE)), np.int32), self._place)
         for kind, *shape in cfg.kernel_shapes():
+            if kind == "copy":  # destinations past the pool: nothing is written
+                n = shape[0]
+                self.cache = self._timed(
+                    copy_pages, self.cache, jax.device_put(np.zeros(n, np.int32), self._place),
+                    jax.device_put(np.full(n, cfg.kv_pages, np.int32), self._place))
+                continue
             if kind == "decode":
                 state = np.zeros((4, s), np.int32)  # no slot active: nothing is written
                 ones, zeros = jnp.ones((s,), jnp.float32), jnp.zeros((s,), jnp.int32)
