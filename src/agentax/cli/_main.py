@@ -82,13 +82,19 @@ def _cmd_train(args) -> int:
     from agentax.cli._runner import run_train
 
     from agentax.cli._signals import Interrupted
+    from agentax.train import broadcast_from_main, initialize_distributed, is_main_process
 
+    # Several processes (flags, JAX_COORDINATOR_ADDRESS, or srun): joined before anything
+    # touches a device. Process 0 names the run directory; every process uses it.
+    several = initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    main_process = is_main_process() if several else True
     cfg, resume_dir = _load(args, "train")
-    run_dir = resume_dir or make_run_dir(cfg, "train")
+    run_dir = resume_dir or Path(broadcast_from_main(
+        str(make_run_dir(cfg, "train")) if main_process else None))
     try:
         summary = run_train(cfg, run_dir, resume=resume_dir is not None, quiet=args.quiet)
     except (*_USER_ERRORS, OSError):  # bad input or no disk space: nothing worth keeping
-        if resume_dir is None:
+        if resume_dir is None and main_process:
             remove_failed_start(run_dir)
         raise
     except Interrupted as e:
@@ -97,7 +103,8 @@ def _cmd_train(args) -> int:
         raise Interrupted(e.signum, f"{e} before the RL loop (nothing new saved); "
                           f"`agentax train {run_dir}` continues from its newest checkpoint, "
                           "or starts over if it has none") from None
-    _print_summary(summary)
+    if main_process:
+        _print_summary(summary)
     return 0
 
 
@@ -230,8 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-q", "--quiet", action="store_true", help="no live console output")
         return p
 
-    with_config("train", "RL training (SFT warm start first if sft.steps > 0); resumes a run dir"
-                ).set_defaults(fn=_cmd_train)
+    p = with_config("train", "RL training (SFT warm start first if sft.steps > 0); resumes a "
+                    "run dir")
+    p.set_defaults(fn=_cmd_train)
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="several processes (one per host): process 0's address for JAX's "
+                   "coordinator (default: JAX_COORDINATOR_ADDRESS, or found under srun)")
+    p.add_argument("--num-processes", type=int, metavar="N",
+                   help="processes in the job (default: JAX_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, metavar="I",
+                   help="this process's index, 0..N-1 (default: JAX_PROCESS_ID)")
     with_config("sft", "supervised warm start only").set_defaults(fn=_cmd_sft)
     with_config("eval", "success rate and reward on held-out tasks (CONFIG may be a run dir)"
                 ).set_defaults(fn=_cmd_eval)

@@ -57,7 +57,7 @@ from agentax.cli._rundir import (
 from agentax.cli._signals import Interrupted, StopGuard, hard_exit, interrupted_by
 from agentax.cli._transcripts import Transcripts
 from agentax.config import replace
-from agentax.train import check_space, checkpoint_bytes
+from agentax.train import check_space, checkpoint_bytes, is_main_process
 from agentax.pipeline import RunFailed
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
@@ -69,22 +69,30 @@ log = logging.getLogger(__name__)
 
 
 class Reporter:
-    """Console lines, metrics.jsonl, the trace writer and the timing of one run."""
+    """Console lines, metrics.jsonl, the trace writer and the timing of one run.
+
+    With several processes, process 0 writes the run directory and the console; process i > 0
+    keeps its own metrics, trace and transcripts under RUN_DIR/process_<i> (`out_dir`) and
+    prints nothing."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, *, quiet: bool = False):
         from rich.console import Console
 
         self.cfg, self.run_dir = cfg, run_dir
+        self.main = is_main_process()
+        self.out_dir = run_dir if self.main else run_dir / f"process_{_process_index()}"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.perf_counter()
         # soft_wrap: a long line (a run directory, an error) stays one line in a log file
-        self.console = Console(stderr=True, quiet=quiet, highlight=False, soft_wrap=True)
-        self.metrics = MetricsLogger(run_dir, tensorboard=cfg.tracing.tensorboard)
+        self.console = Console(stderr=True, quiet=quiet or not self.main, highlight=False,
+                               soft_wrap=True)
+        self.metrics = MetricsLogger(self.out_dir, tensorboard=cfg.tracing.tensorboard)
         self.tracer = get_tracer()
         if cfg.tracing.enabled:
             # The process tracer buffers while no file is open: what an earlier run or library
             # call in this process recorded is not this run's (it showed up as phantom episodes).
             self.tracer.take_events()
-            self.tracer.start(run_dir)
+            self.tracer.start(self.out_dir)
         self.history: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
 
@@ -101,7 +109,7 @@ class Reporter:
     def transcripts(self, tokenizer, *, segment: int = 0) -> Transcripts:
         """The run's transcript writer (RUN_DIR/transcripts.jsonl; tracing.*transcripts*)."""
         t = self.cfg.tracing
-        return Transcripts(self.run_dir, tokenizer, fraction=t.transcripts_fraction,
+        return Transcripts(self.out_dir, tokenizer, fraction=t.transcripts_fraction,
                            eval_first=t.eval_transcripts, seed=self.cfg.run.seed,
                            segment=segment, max_seq_len=self.cfg.trainer.max_seq_len,
                            warn=self.warn)
@@ -190,8 +198,8 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
             trainer.save_checkpoint(ckpt_dir, i, run={
                 "sft_step": i, "last": last, "rl_step": -1,
                 "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0})
-        for old in ckpt_dir.glob("step_*"):  # only the newest is ever resumed from
-            if old.name != f"step_{i}":
+        for old in ckpt_dir.glob("step_*") if is_main_process() else ():  # only the newest
+            if old.name != f"step_{i}":  # is ever resumed from
                 shutil.rmtree(old, ignore_errors=True)
         saved[0] = i
 
@@ -292,10 +300,11 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
 
     # A resume keeps the old config.yaml until its checkpoint is restored (a failed resume
     # with other overrides must not change what the next plain resume reads).
+    main = is_main_process()
     found = checkpoint_kind(run_dir) if resume else None
-    if found is None:
+    if found is None and main:
         write_config(run_dir, cfg)
-    if resume and found is None:
+    if resume and found is None and main:
         # Nothing to continue RL from: the run starts over, from its SFT checkpoint if any.
         cut_metrics(run_dir, _sft_record(run_dir) if cfg.sft.steps else None)
     guard.check()
@@ -317,7 +326,18 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
             trainer = RLTrainer(model, cfg.trainer, mesh=mesh)
             # Before hours of SFT and RL: is there room for the first checkpoint at all?
             check_space(run_dir / CHECKPOINT_DIR, checkpoint_bytes(trainer))
-            if found is None and cfg.sft.steps:
+            if found is None and cfg.sft.steps and _process_count() > 1:
+                # Several processes: SFT's collectives and the RL kernels' compile-ahead
+                # would interleave differently on each process; SFT first, then the engine.
+                sft, last = warm_start(cfg, model, tokenizer, suite, rep, mesh=mesh,
+                                       guard=guard, resume=resume)
+                model = sft.export_model(release=True)
+                gc.freeze()
+                trainer.load_weights(model)
+                summary["sft"] = last
+                rep.say(f"sft: {cfg.sft.steps} steps in {rep.timings['sft_s']:.1f} s, "
+                        f"loss {last.get('sft/loss', float('nan')):.3f}")
+            elif found is None and cfg.sft.steps:
                 # Kernels depend on shapes, not weights: the engine's step thread and a thread
                 # of ours compile the engine's and the RL trainer's while SFT trains (its steps
                 # leave most of a second core idle); then both get the SFT weights. One trainer
@@ -344,8 +364,9 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
             guard.check()
             if found is not None:
                 position = restore_newest(run_dir, trainer, warn=rep.warn)
-                cut = cut_metrics(run_dir, position)
-                write_config(run_dir, cfg)
+                cut = cut_metrics(run_dir, position) if main else 0
+                if main:
+                    write_config(run_dir, cfg)
                 model = trainer.export_model()
                 # Said even with -q (the console is quiet): a resume must never pass unseen.
                 _say_always(rep, f"resumed from step {position['rl_step']} ({position['path']})"
@@ -372,6 +393,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         summary["timings"] = rep.timings
     finally:
         rep.close()
+    if not main:  # process 0 writes the run's summary, curves and doctor report
+        return summary
     if cfg.tracing.plots:
         from agentax.cli._plots import plot_curves
 
@@ -384,6 +407,16 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     rep.say(f"done in {summary['wall_s']:.1f} s; run directory {run_dir}")
     return summary
+
+
+def _process_index() -> int:
+    import jax
+    return jax.process_index()
+
+
+def _process_count() -> int:
+    import jax
+    return jax.process_count()
 
 
 PRECOMPILE_MAX_KERNELS = 64
@@ -618,7 +651,9 @@ def _logged_phase(run_dir: Path, phase: str) -> bool:
 
 
 def _say_always(rep: Reporter, text: str) -> None:
-    """A line that `-q` does not silence (plain stderr)."""
+    """A line that `-q` does not silence (plain stderr); process 0's only."""
+    if not rep.main:
+        return
     if rep.console.quiet:
         print(text, file=sys.stderr, flush=True)
     else:

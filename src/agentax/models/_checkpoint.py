@@ -259,7 +259,11 @@ def save_pretrained(
       max_shard_bytes: largest shard; more bytes give model-0000i-of-0000n.safetensors files
         and model.safetensors.index.json. A single tensor larger than this gets its own shard.
 
-    Tensors are stored in `config.param_dtype`.
+    Tensors are stored in `config.param_dtype` (cast on the host, one tensor at a time: the
+    model may hold float32 master weights). Each tensor is fetched to the host on its own, so
+    at most one shard's tensors are on the host; a model sharded over several processes
+    (`jax.distributed`) is all-gathered tensor by tensor, and process 0 writes the files: call
+    it on every process then.
     """
     config: ModelConfig = model.config
     hf_config = config_to_hf(config)
@@ -274,10 +278,12 @@ def save_pretrained(
     }
     shards = _shards(sizes, max_shard_bytes)
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    for old in path.iterdir():
-        if old.name in (_SINGLE, _INDEX) or _SHARD_RE.match(old.name):
-            old.unlink()
+    writer = jax.process_index() == 0
+    if writer:
+        path.mkdir(parents=True, exist_ok=True)
+        for old in path.iterdir():
+            if old.name in (_SINGLE, _INDEX) or _SHARD_RE.match(old.name):
+                old.unlink()
     weight_map = {}
     for i, names in enumerate(shards):
         file = (
@@ -287,10 +293,14 @@ def save_pretrained(
         tensors = {}
         for name in names:
             spec = table[name]
-            array = np.asarray(jax.device_get(flat[spec.path].value)).astype(np_dtype)
-            tensors[name] = np.ascontiguousarray(array.T if spec.transpose else array)
+            array = _to_host(flat[spec.path].value).astype(np_dtype)
             weight_map[name] = file
-        save_file(tensors, path / file, metadata={"format": "pt"})
+            if writer:
+                tensors[name] = np.ascontiguousarray(array.T if spec.transpose else array)
+        if writer:
+            save_file(tensors, path / file, metadata={"format": "pt"})
+    if not writer:
+        return
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
         (path / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
@@ -300,6 +310,16 @@ def save_pretrained(
         generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
         generation.update(token_ids)
         generation_file.write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+
+
+def _to_host(x) -> np.ndarray:
+    """One tensor on the host; all-gathered when it spans processes (a collective)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _token_ids(tokenizer: Any) -> dict[str, Any]:

@@ -14,6 +14,12 @@ from agentax.train._checkpoint import (
     read_checkpoint_meta,
 )
 from agentax.train._config import LoRAConfig, TrainerConfig
+from agentax.train._distributed import (
+    broadcast_from_main,
+    initialize_distributed,
+    is_main_process,
+    local_share,
+)
 from agentax.train._memory import UpdateMemory, update_memory
 from agentax.train._rl import RLTrainer, TrainMetrics
 from agentax.train._sft import SFTMetrics, SFTTrainer, sft_examples
@@ -23,6 +29,7 @@ from agentax.train._step import NonFiniteUpdateError
 __all__ = [
     "DamagedCheckpointError",
     "DiskFullError",
+    "broadcast_from_main",
     "check_space",
     "checkpoint_bytes",
     "DEFAULT_PARTITION_RULES",
@@ -35,7 +42,10 @@ __all__ = [
     "TrainerConfig",
     "UpdateMemory",
     "checkpoint_steps",
+    "initialize_distributed",
+    "is_main_process",
     "latest_checkpoint_step",
+    "local_share",
     "make_mesh",
     "param_sharding_fn",
     "read_checkpoint_meta",

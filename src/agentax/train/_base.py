@@ -26,6 +26,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSh
 from agentax.models import Transformer
 from agentax.train._batch import Batch, HostSequence, MicroBatch, build_micro_batches
 from agentax.train._config import TrainerConfig
+from agentax.train._distributed import (gather_objects, is_multiprocess, put_global, sync,
+                                        to_host)
 from agentax.train._lora import apply_lora, merge_lora
 from agentax.train._optim import lr_schedule, make_optimizer, schedule_value
 from agentax.train._sharding import (
@@ -80,6 +82,22 @@ def _abstract(tree):
     """Shapes, dtypes and shardings of `tree` (what lowering a kernel needs, no buffers)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         tree)
+
+
+def _localize(tree):
+    """With several processes: each leaf that spans processes whole on this process's first
+    device, gathered one tensor at a time (what a process-local engine or exporter takes);
+    `tree` itself in a single process. A collective: every process calls it."""
+    if not is_multiprocess():
+        return tree
+    sync("localize")
+    device = jax.local_devices()[0]
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(to_host(x), device)
+        return x
+    return jax.tree.map(one, tree)
 
 
 def _delete(tree, keep=frozenset()) -> None:
@@ -146,7 +164,7 @@ class TrainerBase:
                                  if mesh is not None else None)
         self._replicated = (NamedSharding(mesh, P()) if mesh is not None
                             else self._batch_sharding)
-        self._schedule_arg = jax.device_put(lr_schedule(config), self._replicated)
+        self._schedule_arg = put_global(lr_schedule(config), self._replicated)
         self._row_multiple = data_parallel_size(mesh)
         self.released = False
         """True after `release()` (or `export_model(release=True)`) until `load_weights`."""
@@ -168,7 +186,7 @@ class TrainerBase:
 
     def _place(self, tree):
         """`tree` on the trainer's shardings (its arrays themselves where already there)."""
-        return jax.device_put(tree, self._shardings(tree))
+        return jax.tree.map(put_global, tree, self._shardings(tree))
 
     def _own(self, tree):
         """A copy of `tree` that only this trainer holds (the train step donates it), on the
@@ -177,7 +195,7 @@ class TrainerBase:
         dtype = self._master_dtype
 
         def one(x, sharding):
-            placed = jax.device_put(x, sharding)  # may share buffers with x (even resharded)
+            placed = put_global(x, sharding)  # may share buffers with x (even resharded)
             if _is_float(x) and x.dtype != dtype:
                 return placed.astype(dtype)
             return jnp.array(placed, copy=True)
@@ -280,9 +298,11 @@ class TrainerBase:
         never donates them). `dtype` casts floating leaves instead (e.g. jnp.float32 to read
         the master weights unrounded). Merge it with the engine's graphdef:
         `nnx.merge(nnx.split(engine_model)[0], state)` or `nnx.update(engine_model, state)`.
+        With several processes (a collective: every process calls it), each process gets the
+        whole state on its first local device, for its own engine (gathered per tensor).
         """
         self._check_live("params_for_engine")
-        return self._engine_state(dtype)
+        return _localize(self._engine_state(dtype))
 
     def _engine_state(self, dtype=None, *, take: bool = False) -> nnx.State:
         if self.config.lora is not None:
@@ -300,6 +320,9 @@ class TrainerBase:
     def export_model(self, *, release: bool = False) -> Transformer:
         """A plain `Transformer` (LoRA merged, the model's own dtype) for export or eval.
 
+        With several processes (a collective: every process calls it), each process gets the
+        whole model on its first local device (gathered per tensor).
+
         Args:
           release: also `release()` this trainer, freeing its optimizer state before the
             export is made and handing over the master weights that need no cast instead of
@@ -307,23 +330,34 @@ class TrainerBase:
         """
         self._check_live("export_model")
         if not release:
-            return nnx.merge(self._plain_graphdef, self._engine_state())
+            return nnx.merge(self._plain_graphdef, _localize(self._engine_state()))
         self._release_optimizer()
-        state = self._engine_state(take=True)
+        state = _localize(self._engine_state(take=True))
         self._release_params(keep=frozenset(id(x) for x in jax.tree.leaves(state)))
         return nnx.merge(self._plain_graphdef, state)
 
     def export_pretrained(self, path, **kwargs) -> None:
         """Writes the current policy (LoRA merged) as a Hugging Face safetensors checkpoint.
 
-        Calls `agentax.models.save_pretrained(model, path, **kwargs)`.
+        Calls `agentax.models.save_pretrained(model, path, **kwargs)` on the trainer's own
+        (sharded) weights: no copy of the model is made; each tensor is gathered and cast to
+        the model's dtype on the host in turn. With several processes every process calls it
+        (process 0 writes).
         """
         from agentax import models
         save = getattr(models, "save_pretrained", None)
         if save is None:
             raise NotImplementedError("agentax.models.save_pretrained is not available in this "
                                       "build; export params_for_engine() yourself")
-        save(self.export_model(), path, **kwargs)
+        self._check_live("export_pretrained")
+        sync("export_pretrained")  # save_pretrained all-gathers tensor by tensor
+        if self.config.lora is not None:
+            state = self._engine_state()  # the merge makes new tensors anyway
+        else:  # the trainer's own buffers: save_pretrained casts on the host, tensor by tensor
+            state = self._params["model"]
+            if jax.tree.leaves(self._rest):
+                state = nnx.merge_state(state, self._rest)
+        save(nnx.merge(self._plain_graphdef, state), path, **kwargs)
 
     @property
     def num_compiles(self) -> int:
@@ -354,10 +388,18 @@ class TrainerBase:
             row_multiple=self._row_multiple, with_rl=with_rl)
 
     def _put(self, tree):
-        return jax.device_put(tree, self._batch_sharding)
+        """Host rows (the same global batch on every process) onto the batch sharding: each
+        process puts only its own devices' rows."""
+        return put_global(tree, self._batch_sharding)
 
     def _put_counts(self, counts) -> dict:
-        return jax.device_put({k: np.float32(v) for k, v in counts.items()}, self._replicated)
+        return put_global({k: np.float32(v) for k, v in counts.items()}, self._replicated)
+
+    @staticmethod
+    def _gather(local: Sequence) -> list:
+        """Every process's share of a step's data, in process order (`local` itself in a
+        single process): the trainers' steps take this process's share."""
+        return gather_objects(list(local))
 
     def _cut(self, ids, mask, *arrays, drop_tail: bool = False):
         """Cuts a sequence to max_seq_len + 1 tokens; returns (arrays, whether trained tokens
@@ -440,7 +482,8 @@ class TrainerBase:
 
     def _checkpoint_state(self):
         return {"params": self._params, "opt_state": self._opt_state,
-                "rng": jax.random.key_data(self._rng)}
+                # on the trainer's devices: Orbax saves no process-local array across hosts
+                "rng": put_global(to_host(jax.random.key_data(self._rng)), self._replicated)}
 
     def _checkpoint_meta(self) -> dict:
         from agentax.config import to_dict

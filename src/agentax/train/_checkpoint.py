@@ -19,6 +19,14 @@ Disk space: a save first checks that the folder's file system has room for the c
 needed and the bytes free — before writing anything; a save that still runs out of space
 (another writer filled the disk meanwhile) removes its temporary directory and raises the same.
 Either way the previous checkpoints are untouched, so the run stays resumable.
+
+Several processes (`jax.distributed`): every process calls save and restore (they are
+collectives). Process 0 prepares the folder, checks the space and names the temporary
+directory (its pid), and every process learns the outcome before any writes; all processes
+then write their own shards of the state into that one directory with Orbax's multi-host
+save; process 0 alone writes meta.json and renames, and every process returns only once the
+checkpoint is in place. A restore reads the step process 0 picks. The shards are resharded on
+restore, so a checkpoint written by 2 processes restores in 1 and vice versa.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+
+from agentax.train._distributed import broadcast_from_main, is_main_process, sync
 
 __all__ = ["DamagedCheckpointError", "DiskFullError", "check_space", "checkpoint_bytes",
            "checkpoint_steps", "latest_checkpoint_step",
@@ -236,7 +246,10 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _recover_replaced(d: Path) -> None:
-    """Renames back a `step_N.replaced` whose replacement never arrived (killed mid-swap)."""
+    """Renames back a `step_N.replaced` whose replacement never arrived (killed mid-swap).
+    Only process 0 renames (the others read what it picked: `restore_trainer_checkpoint`)."""
+    if not is_main_process():
+        return
     for p in d.iterdir():
         if p.name.endswith(_REPLACED) and _STEP_DIR.match(p.name[: -len(_REPLACED)]):
             final = d / p.name[: -len(_REPLACED)]
@@ -287,15 +300,10 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
     position, log offsets); `read_checkpoint_meta(path)["run"]` gives it back.
     """
     d = Path(directory).absolute()
-    d.mkdir(parents=True, exist_ok=True)
-    for stale in d.glob(_TMP_PREFIX + "*"):  # left by a writer that was killed
-        shutil.rmtree(stale, ignore_errors=True)
     final = d / f"step_{int(step)}"
-    tmp = d / f"{_TMP_PREFIX}{int(step)}-{os.getpid()}"
     need = checkpoint_bytes(trainer)
-    check_space(d, need)
+    tmp = _prepare(d, int(step), need)
     try:
-        tmp.mkdir()
         ckptr = ocp.StandardCheckpointer()
         failed: BaseException | None = None
         _drop_closed_loop_tracebacks()
@@ -318,8 +326,9 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
         meta = trainer._checkpoint_meta()
         if run is not None:
             meta["run"] = run
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        _fsync_tree(tmp)
+        if is_main_process():
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            _fsync_tree(tmp)
     except Exception as e:
         if not _out_of_space(e):
             raise
@@ -329,6 +338,42 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
         with contextlib.suppress(OSError):
             free = shutil.disk_usage(d).free
         raise DiskFullError(d, need, free) from e
+    if is_main_process():
+        _swap_in(d, tmp, final)
+    sync(f"checkpoint-saved-{int(step)}")  # nobody reads it before it is there
+    return final
+
+
+def _prepare(d: Path, step: int, need: int) -> Path:
+    """Process 0 makes the folder, removes killed writers' leftovers, checks the space and
+    creates the temporary directory; every process gets its path, or the same error."""
+    outcome: tuple = ("ok", None)
+    error: OSError | None = None
+    if is_main_process():
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for stale in d.glob(_TMP_PREFIX + "*"):  # left by a writer that was killed
+                shutil.rmtree(stale, ignore_errors=True)
+            check_space(d, need)
+            tmp = d / f"{_TMP_PREFIX}{step}-{os.getpid()}"
+            tmp.mkdir()
+            outcome = ("ok", tmp.name)
+        except DiskFullError as e:
+            error, outcome = e, ("disk_full", e.free)
+        except OSError as e:
+            error, outcome = e, ("error", f"{type(e).__name__}: {e}")
+    kind, value = broadcast_from_main(outcome)
+    if error is not None:
+        raise error
+    if kind == "disk_full":
+        raise DiskFullError(d, need, value)
+    if kind == "error":
+        raise OSError(f"cannot prepare a checkpoint in {d} ({value})")
+    return d / value
+
+
+def _swap_in(d: Path, tmp: Path, final: Path) -> None:
+    """Renames the complete `tmp` to `final` (replacing an old one safely)."""
     if final.exists():
         aside = d / (final.name + _REPLACED)
         shutil.rmtree(aside, ignore_errors=True)
@@ -339,7 +384,6 @@ def save_trainer_checkpoint(trainer, directory, step: int, *, run: dict | None =
     else:
         os.rename(tmp, final)
         _fsync_dir(d)
-    return final
 
 
 def _diff(saved: dict, live: dict, prefix: str = "") -> list[str]:
@@ -363,7 +407,7 @@ def restore_trainer_checkpoint(trainer, directory, step: int | None = None) -> i
     """
     d = Path(directory).absolute()
     if step is None:
-        step = latest_checkpoint_step(d)
+        step = broadcast_from_main(latest_checkpoint_step(d))  # every process the same one
         if step is None:
             raise FileNotFoundError(f"no checkpoint (step_N/meta.json) under {d}")
     path = d / f"step_{int(step)}"

@@ -29,6 +29,7 @@ from agentax.records import Group
 from agentax.train._base import TrainerBase, _abstract, _copy, _delete, _fresh
 from agentax.train._batch import HostSequence, MicroBatch
 from agentax.train._config import TrainerConfig
+from agentax.train._distributed import to_host
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
 from agentax.train._step import GraphDefs, NonFiniteUpdateError, compute_advantages, score_tokens
 
@@ -154,7 +155,9 @@ class RLTrainer(TrainerBase):
         the scoring and advantage kernels, which run once. A trainer built and precompiled
         before its data arrives, or before its weights exist (`load_weights`), then starts
         without compiling (the CLI compiles its RL trainer's kernels while SFT trains). A
-        released trainer (`release()`) compiles the scoring kernels without running them."""
+        released trainer (`release()`) compiles the scoring kernels without running them.
+        With several processes, every process calls it with its share, as `step`."""
+        groups = self._gather([groups] if isinstance(groups, Group) else groups)
         _, seqs, rewards, group_ids, finite, _ = self._sequences(groups)
         mbs = self._micro_batches(seqs, with_rl=True)
         batches = self._score_and_advantages(mbs, [self._put(mb.batch) for mb in mbs], rewards,
@@ -215,12 +218,17 @@ class RLTrainer(TrainerBase):
     def step(self, groups: Sequence[Group]) -> TrainMetrics:
         """Trains on complete groups; returns what happened (see `TrainMetrics`).
 
+        With several processes (`jax.distributed`), every process calls `step` with its own
+        share of the groups (none is fine); the trainer gathers them, in process order, and
+        takes one global step on all devices: the same result on every process.
+
         Raises:
           ValueError: no groups, or groups without trajectories.
           TypeError: an item is not a `Group`.
         """
         t0 = time.perf_counter()
         self._check_live("RLTrainer.step")
+        groups = self._gather([groups] if isinstance(groups, Group) else groups)
         c = self.config
         groups, seqs, rewards, group_ids, finite, truncated = self._sequences(groups)
         self.data_position += len(groups)
@@ -242,7 +250,7 @@ class RLTrainer(TrainerBase):
         lr = self.learning_rate
         dev_counts = self._put_counts(counts)
         epochs = [self._run_update(batches, dev_counts, self.config) for _ in range(c.ppo_epochs)]
-        epochs = jax.device_get(epochs)  # the one host sync of the step
+        epochs = to_host(epochs)  # the one host sync of the step
         applied = sum(bool(stats["applied"]) for _, stats in epochs)
         self.step_count += applied
         self.policy_version += applied
@@ -256,8 +264,7 @@ class RLTrainer(TrainerBase):
                 "applied. Lower trainer.learning_rate or check the rewards, or set "
                 "trainer.on_nonfinite=skip to skip such steps")
         metrics = self._combine(epochs[0][0], float(counts["tokens"]))
-        adv_abs = float(sum(np.abs(np.asarray(b.advantages)).sum() for b in batches)
-                        / counts["tokens"])
+        adv_abs = float(self._adv_abs_sum / counts["tokens"])
         extra = {k: v for k, v in metrics.items()}
         return TrainMetrics(
             step=self.step_count, policy_version=self.policy_version, skipped=skipped,
@@ -312,19 +319,21 @@ class RLTrainer(TrainerBase):
         gid[n_seqs:] = np.arange(n_seqs, n)  # padding rows: their own (invalid) groups
         values_nt = beh_nt = ref_nt = None
         if c.uses_value_head:
-            values_nt = self._to_rows(mbs, jax.device_get(values), n, t)
+            values_nt = self._to_rows(mbs, to_host(values), n, t)
         if c.kl_in_reward:
             beh_nt = self._to_rows(mbs, [mb.batch.behaviour_logprobs for mb in mbs], n, t)
-            ref_nt = self._to_rows(mbs, jax.device_get(ref), n, t)
+            ref_nt = self._to_rows(mbs, to_host(ref), n, t)
         self._compiles.record("compute_advantages", (c.advantage, self._knobs), mask_nt,
                               values_nt, ref_nt)
         adv_nt, ret_nt, _ = compute_advantages(
             rew, mask_nt, gid, valid, values_nt, beh_nt, ref_nt, name=c.advantage,
             knobs=self._knobs, num_groups=n, kl_coef=c.kl_coef, kl_estimator=c.kl_estimator)
-        adv_nt, ret_nt = jax.device_get((adv_nt, ret_nt))
+        adv_nt, ret_nt = jax.device_get((adv_nt, ret_nt))  # computed on this process's device
         out = []
+        self._adv_abs_sum = 0.0  # |advantage| over the micro-batches' rows, read on the host
         for i, (mb, b) in enumerate(zip(mbs, batches)):
             extra = {"advantages": self._from_rows(mb, adv_nt)}
+            self._adv_abs_sum += float(np.abs(extra["advantages"]).sum())
             if c.uses_value_head:
                 extra["returns"] = self._from_rows(mb, ret_nt)
             extra = self._put(extra)

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from jax.sharding import Mesh
 
@@ -22,6 +21,7 @@ from agentax.models import Transformer
 from agentax.train._base import TrainerBase
 from agentax.train._batch import HostSequence, _first_fit_decreasing, seq_bucket
 from agentax.train._config import TrainerConfig
+from agentax.train._distributed import local_share, to_host
 from agentax.train._sharding import DEFAULT_PARTITION_RULES
 from agentax.train._step import NonFiniteUpdateError
 
@@ -47,8 +47,7 @@ class SFTMetrics:
     truncated_sequences: int = 0
 
     def to_dict(self) -> dict[str, float]:
-        loss, acc, gn, ok = jax.device_get((self.loss, self.accuracy, self.grad_norm,
-                                            self.applied))
+        loss, acc, gn, ok = to_host((self.loss, self.accuracy, self.grad_norm, self.applied))
         return {"step": self.step, "loss": float(loss), "accuracy": float(acc),
                 "grad_norm": float(gn), "skipped": not bool(ok), "num_tokens": self.num_tokens,
                 "num_positions": self.num_positions}
@@ -104,11 +103,15 @@ class SFTTrainer(TrainerBase):
     def step(self, examples: Sequence[Any]) -> SFTMetrics:
         """One optimizer update on `examples` (see module docstring for accepted forms).
 
+        With several processes (`jax.distributed`), every process passes its own share of the
+        batch (`take` gives it); the trainer gathers them, in process order, and takes one
+        global step on all devices.
+
         Raises:
           ValueError: no examples, or no example has a masked token after the first.
         """
         self._check_live("SFTTrainer.step")
-        examples = list(examples)
+        examples = self._gather(examples)
         if not examples:
             raise ValueError("SFTTrainer.step got no examples")
         seqs, truncated = [], 0
@@ -150,7 +153,13 @@ class SFTTrainer(TrainerBase):
             `row` positions (pack_length, bucketed as `step` buckets rows), first-fit
             decreasing as `step` packs them: every step then has the same shape and little
             padding. Needs `pack=True`. An example longer than a row still goes, alone.
+        Returns:
+          the step's examples; with several processes, this process's contiguous share of
+          them (every process picks the same ones; `step` gathers the shares back).
         """
+        return local_share(self._take(examples, batch_size, batch_tokens))
+
+    def _take(self, examples: Sequence[Any], batch_size: int, batch_tokens: int) -> list:
         n = len(examples)
         if not n:
             raise ValueError("SFTTrainer.take got no examples")
@@ -187,7 +196,7 @@ class SFTTrainer(TrainerBase):
     def sync_counters(self) -> None:
         """Fetches the skip flags of past steps and corrects step_count / num_skipped_steps."""
         if self._pending:
-            flags = jax.device_get(self._pending)
+            flags = to_host(self._pending)
             skipped = sum(not bool(f) for f in flags)
             self.step_count -= skipped
             self.num_skipped_steps += skipped
