@@ -21,3 +21,6 @@ if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e '.[test]'
+# The MiniWoB++ task pages for BrowserEnvironment: only the package's HTML is used, so not its
+# Selenium driver and friends.
+python -m pip install -q --no-deps "miniwob==1.1.0"

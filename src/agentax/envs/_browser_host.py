@@ -1,0 +1,206 @@
+"""One headless Chromium per worker process (and event loop), shared by its browser episodes.
+
+`browser_host()` returns the host of the running event loop; it launches the installed Chromium
+through Playwright (`executable_path`, nothing downloaded) on first use. Each episode gets an
+isolated *context* of its own (`new_context`: fresh cookies, storage and cache), so many
+episodes run in one browser at once.
+
+When the browser dies (crash, OOM kill), Playwright reports it disconnected: the host counts the
+crash, the episodes whose contexts lived in it fail (`is_current(generation)` turns false, the
+environment ends them as ENV_ERROR and counts them here), and the next `new_context` launches a
+fresh browser. Every launch runs under a timeout.
+
+Chromium is found from `AGENTAX_CHROMIUM`, then `chromium`, `chromium-browser`,
+`google-chrome` on PATH; `check_browser_available()` raises `BrowserUnavailableError` with a
+one-line fix when Chromium or the `playwright` package is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from agentax.trace import get_tracer
+
+__all__ = ["BrowserHost", "BrowserUnavailableError", "browser_host", "check_browser_available",
+           "find_chromium", "shutdown_browser"]
+
+BROWSER_LAUNCH = "browser_launch"
+
+_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+# Hosts by event loop: Playwright objects belong to the loop that made them.
+_HOSTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BrowserHost] = weakref.WeakKeyDictionary()
+
+
+class BrowserUnavailableError(RuntimeError):
+    """Chromium or the `playwright` package is missing; the message says how to install it."""
+
+
+def find_chromium(executable_path: str | None = None) -> str:
+    """Path of the Chromium to drive (`executable_path`, `$AGENTAX_CHROMIUM`, then PATH).
+
+    Raises:
+      BrowserUnavailableError: no Chromium found, or the `playwright` package is missing.
+    """
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        raise BrowserUnavailableError(
+            "BrowserEnvironment needs the playwright package: pip install 'agentax[browser]' "
+            "(it drives the installed Chromium; no `playwright install` needed)"
+        ) from None
+    path = executable_path or os.environ.get("AGENTAX_CHROMIUM")
+    if path:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise BrowserUnavailableError(f"Chromium not found at {path!r} (executable_path / AGENTAX_CHROMIUM)")
+        return path
+    for name in _CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise BrowserUnavailableError(
+        "BrowserEnvironment needs Chromium: run `apt-get install chromium` as root on Debian/Ubuntu "
+        "(bash scripts/setup.sh does it), or set AGENTAX_CHROMIUM=/path/to/chrome"
+    )
+
+
+def check_browser_available(executable_path: str | None = None) -> str:
+    """`find_chromium`, for callers that only want to know (tests skip with its message)."""
+    return find_chromium(executable_path)
+
+
+class BrowserHost:
+    """The shared headless Chromium of one event loop.
+
+    Attributes:
+      stats: launches, crashes (browsers that died under us), crashed_episodes (episodes ended
+        by a crash; the environment counts them), contexts (opened over the lifetime),
+        blocked_requests (network requests refused: not loopback).
+    """
+
+    def __init__(self, executable_path: str, *, launch_timeout_s: float = 60.0,
+                 args: Sequence[str] = ()) -> None:
+        self.executable_path = executable_path
+        self.launch_timeout_s = launch_timeout_s
+        self.args = tuple(args)
+        self.marker = f"--agentax-browser={uuid.uuid4().hex}"  # finds our process in /proc
+        self.generation = 0
+        self.stats = {"launches": 0, "crashes": 0, "crashed_episodes": 0, "contexts": 0,
+                      "blocked_requests": 0}
+        self._pw: Any = None
+        self._browser: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def is_current(self, generation: int) -> bool:
+        """Whether a context made at `generation` still lives in a connected browser."""
+        return generation == self.generation and self._browser is not None and self._browser.is_connected()
+
+    async def _ensure(self) -> Any:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._browser is not None and self._browser.is_connected():
+                return self._browser
+            await asyncio.wait_for(self._launch(), self.launch_timeout_s)
+            return self._browser
+
+    async def _launch(self) -> None:
+        from playwright.async_api import async_playwright
+
+        with get_tracer().span(BROWSER_LAUNCH, args={"restart": self.stats["launches"] > 0}):
+            if self._pw is None:
+                self._pw = await async_playwright().start()
+            args = [
+                "--no-sandbox",  # root in containers; each page is still isolated by its context
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--disable-extensions",
+                "--no-first-run",
+                # A second wall behind the request filter: outside names do not resolve, and
+                # anything else not loopback goes to a proxy that is not there (loopback
+                # bypasses proxies).
+                "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost, EXCLUDE 127.0.0.1",
+                "--proxy-server=http://127.0.0.1:9",
+                self.marker,
+                *self.args,
+            ]
+            browser = await self._pw.chromium.launch(executable_path=self.executable_path,
+                                                     headless=True, args=args)
+        self.generation += 1
+        gen = self.generation
+        browser.on("disconnected", lambda _b: self._on_disconnected(gen))
+        self._browser = browser
+        self.stats["launches"] += 1
+
+    def _on_disconnected(self, generation: int) -> None:
+        if generation == self.generation and not getattr(self, "_closing", False):
+            self.stats["crashes"] += 1
+
+    async def new_context(self, **options: Any) -> tuple[Any, int]:
+        """A fresh, isolated context (launching or relaunching the browser if needed).
+
+        Returns:
+          (context, generation): pass `generation` to `is_current` to learn whether the
+          browser that holds the context is still alive.
+        """
+        browser = await self._ensure()
+        gen = self.generation
+        context = await browser.new_context(**options)
+        self.stats["contexts"] += 1
+        return context, gen
+
+    def browser_pid(self) -> int | None:
+        """Process id of the main Chromium process (None when not running)."""
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if self.marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
+                return int(entry)
+        return None
+
+    async def close(self) -> None:
+        """Close the browser and the Playwright driver (a later use launches them again)."""
+        self._closing = True
+        try:
+            if self._browser is not None:
+                try:
+                    await asyncio.wait_for(self._browser.close(), 10)
+                except Exception:  # noqa: BLE001 - already dead is fine
+                    pass
+            if self._pw is not None:
+                try:
+                    await asyncio.wait_for(self._pw.stop(), 10)
+                except Exception:  # noqa: BLE001
+                    pass
+        finally:
+            self._browser = self._pw = None
+            self._closing = False
+
+
+def browser_host(executable_path: str | None = None) -> BrowserHost:
+    """The `BrowserHost` of the running event loop (made on first use; launched lazily)."""
+    loop = asyncio.get_running_loop()
+    host = _HOSTS.get(loop)
+    if host is None:
+        host = _HOSTS[loop] = BrowserHost(find_chromium(executable_path))
+    return host
+
+
+async def shutdown_browser() -> None:
+    """Close the running loop's browser, if any (call before the loop ends)."""
+    host = _HOSTS.pop(asyncio.get_running_loop(), None)
+    if host is not None:
+        await host.close()

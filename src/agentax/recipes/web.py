@@ -1,0 +1,188 @@
+"""The web recipe's parts: MiniWoB++ pages in a real headless Chromium, acted on from text.
+
+Tasks are single-click MiniWoB++ pages at numbered seeds (`miniwob:click-tab`,
+`focus-text-2`, `click-dialog-2`, `click-button`); held-out seeds are never trained on. The
+environment is `BrowserEnvironment` with MiniWoB's own reward mapped to success (1.0 / 0.0),
+two actions an episode (a reply that names no valid action gets the page back once).
+
+`CompactWebAgent` shows the ~0.3M-parameter byte-level model only what the task needs: the
+instruction and one short line per control (`3 OK`, `1 input`), and reads its reply with
+`parse_browser_action` (`click 3`). A real checkpoint (`make_agent(compact=False)`) reads the
+full text view under a system prompt that explains the actions.
+
+Warm-start demonstrations come from a noisy scripted demonstrator: it reads the instruction
+and clicks the right control, but clicks a random one with probability `noise`. Their
+observations are real: the first pages of a few training tasks, opened in the browser once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from agentax.agents import Agent
+from agentax.envs import (
+    BROWSER_ACTION_HELP,
+    BrowserAction,
+    BrowserEnvironment,
+    MiniWoBSite,
+    miniwob_task,
+    parse_browser_action,
+    shutdown_browser,
+)
+from agentax.records import Action, Message, Observation, Task
+
+__all__ = ["CompactWebAgent", "WEB_TASKS", "compact_view", "demos", "make_agent", "make_env",
+           "scripted_target", "tasks"]
+
+WEB_TASKS = ("click-tab", "focus-text-2", "click-dialog-2", "click-button")
+"""The MiniWoB++ pages the recipe trains on (one click solves each)."""
+
+_CONTROL = re.compile(r'^\[(\d+)\] (\w+)(?: (?!")\S+)?(?: "([^"]*)")?')
+_ORDINAL = re.compile(r"(\d+)(?:st|nd|rd|th)\b")
+
+SYSTEM_PROMPT = ("You act on a web page shown as text; controls are listed as [id] kind \"name\". "
+                 "Do what the first line asks. " + BROWSER_ACTION_HELP)
+
+
+def _controls(text: str) -> list[tuple[int, str, str]]:
+    """(id, kind, name) of each control line of a full text view."""
+    out = []
+    for line in text.splitlines():
+        m = _CONTROL.match(line)
+        if m:
+            out.append((int(m.group(1)), m.group(2), m.group(3) or ""))
+    return out
+
+
+def compact_view(text: str) -> str:
+    """The instruction line (and any feedback line before it), then `id name` per control."""
+    lines = text.splitlines()
+    head = []
+    for line in lines:
+        if line.startswith("["):
+            break
+        head.append(line)
+        if not (line.startswith("Invalid action") or " failed: " in line):
+            break
+    body = [f"{i} {name or kind}" for i, kind, name in _controls(text)]
+    return "\n".join(head + body)
+
+
+def scripted_target(text: str) -> int | None:
+    """The id the instruction asks to click (the demonstrator's reading), or None."""
+    instruction = next((ln for ln in text.splitlines() if ln and not ln.startswith("Invalid")), "")
+    controls = _controls(text)
+    m = _ORDINAL.search(instruction)
+    if m and "input" in instruction:
+        inputs = [i for i, kind, _ in controls if kind == "input"]
+        k = int(m.group(1))
+        return inputs[k - 1] if 0 < k <= len(inputs) else None
+    m = re.search(r"Tab #(\d+)", instruction)
+    quoted = re.search(r'"([^"]*)"', instruction)
+    want = f"Tab #{m.group(1)}" if m else (quoted.group(1) if quoted else None)
+    if want == "x":
+        want = "Close"
+    return next((i for i, _, name in controls if name == want), None)
+
+
+class CompactWebAgent(Agent):
+    """Shows `compact_view(observation)`; parses replies with `parse_browser_action`."""
+
+    def __init__(self, *, compact: bool = True, system_prompt: str | None = None) -> None:
+        super().__init__(system_prompt=system_prompt)
+        self.compact = compact
+
+    def format_observation(self, observation: Observation) -> list[Message]:
+        text = compact_view(observation.content) if self.compact else observation.content
+        return [Message(role="user", content=text)]
+
+    def parse_reply(self, reply: str) -> Action:
+        parsed = parse_browser_action(reply)
+        if not isinstance(parsed, BrowserAction):
+            self._count("invalid_actions")
+            return Action(text=reply)  # the environment answers with the parse error
+        return Action(text=reply, value=parsed)
+
+
+def make_env(*, max_steps: int = 2, reward: str = "success", max_obs_chars: int = 1500,
+             action_timeout_s: float = 10.0) -> BrowserEnvironment:
+    """`BrowserEnvironment` on the MiniWoB++ pages (reward "success": 1.0 / 0.0)."""
+    return BrowserEnvironment(sites={"miniwob": MiniWoBSite(reward=reward)}, max_steps=max_steps,
+                              max_obs_chars=max_obs_chars, action_timeout_s=action_timeout_s)
+
+
+def make_agent(*, compact: bool = True, system_prompt: str | None = None) -> CompactWebAgent:
+    """The compact agent for the byte-level model; `compact=False` (a real checkpoint) shows
+    the full view under `SYSTEM_PROMPT` unless another `system_prompt` is given."""
+    if system_prompt is None and not compact:
+        system_prompt = SYSTEM_PROMPT
+    return CompactWebAgent(compact=compact, system_prompt=system_prompt or None)
+
+
+def tasks(*, num_train: int, num_eval: int, seed: int,
+          names: Sequence[str] = WEB_TASKS) -> tuple[list[Task], list[Task]]:
+    """Training instances at seeds from `seed * 10**6`, held-out ones at seeds from
+    `seed * 10**6 + 500_000`: never the same instance in both."""
+    base = int(seed) * 10**6
+    train = [miniwob_task(names[i % len(names)], base + i) for i in range(num_train)]
+    held = [miniwob_task(names[i % len(names)], base + 500_000 + i) for i in range(num_eval)]
+    return train, held
+
+
+async def _first_views(task_list: Sequence[Task], concurrency: int) -> list[str]:
+    envs = [make_env() for _ in range(concurrency)]
+    views: list[str] = [""] * len(task_list)
+
+    async def worker(k: int) -> None:
+        for i in range(k, len(task_list), concurrency):
+            views[i] = (await envs[k].reset(task_list[i])).content
+
+    try:
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    finally:
+        for env in envs:
+            await env.close()
+        await shutdown_browser()
+    return views
+
+
+def first_views(task_list: Sequence[Task], *, concurrency: int = 8) -> list[str]:
+    """The first text view of each task, opened in a real browser (on a thread of its own, so
+    it works inside or outside a running event loop)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["views"] = asyncio.run(_first_views(task_list, concurrency))
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="agentax-web-demos")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["views"]
+
+
+def demos(train_tasks: Sequence[Task], n: int, seed: int, *, noise: float = 0.5,
+          pages: int = 96, compact: bool = True) -> list[list[Message]]:
+    """n one-click episodes of the noisy demonstrator on the first `pages` training tasks
+    (cycled): the right click, or with probability `noise` a random control's."""
+    rng = random.Random(seed)
+    shown = first_views(list(train_tasks[:pages]))
+    convs = []
+    for i in range(n):
+        view = shown[i % len(shown)]
+        ids = [c[0] for c in _controls(view)]
+        target = scripted_target(view)
+        if target is None or rng.random() < noise:
+            target = rng.choice(ids)
+        user = compact_view(view) if compact else view
+        convs.append([Message(role="user", content=user), Message(role="assistant", content=f"click {target}")])
+    return convs
