@@ -1,4 +1,4 @@
-"""Remote environment workers: episode throughput with 1, 2, 4 Ray actors, and per-step overhead.
+"""Scaling out on Ray: environment workers, weight publication to engine replicas, stuck replicas.
 
 Workload: the tiny byte model in a real engine (in this process) and a real collector; the
 environments are `agentax.scale.testing.SleepyEnv` in a `RayEnvPool` on a local Ray cluster:
@@ -20,6 +20,30 @@ each (the machine is shared; the best run is the least disturbed one).
 
 The environment latency is a blocking sleep, so workers scale past the machine's cores; a
 CPU-bound environment would stop scaling at the number of cores Ray may use.
+
+Weight publication (same local Ray instance): 4 `RayEngineReplica` actors, each a real
+`Engine` over a 100.9 MB float32 model (`WIDE_MODEL`: the tiny byte model with 4 layers and
+an MLP width of 32768, 46 tensors; narrow enough that its kernels compile fast on CPU). The
+trainer's state is a float32 model of the same architecture in this process.
+  publish_parallel_over_serial   seconds of the serial path (`update_weights_serial`: one
+                                 replica after another, each its own device->host copy and
+                                 object-store transfer) over the new one (`update_weights`
+                                 with `WeightSyncConfig()`: one host copy, one put per 16 MB
+                                 chunk shared by all replicas, all in parallel), both until
+                                 every replica has committed the version (`wait_published`)
+  weight_sync_s_100mb_4_replicas the new path, call to last commit (best of the repeats)
+  weight_sync_gbps               the model's bytes x 8 / 1e9 / weight_sync_s (gigabits/s of
+                                 weights delivered to every replica)
+  weight_sync_over_floor         the new path over a bare floor: one `ray.put` of the same
+                                 host arrays and a `ray.get` of them in each of the 4 actors
+  weight_sync_blocked_s          of the new path, the part the caller waits for (cast +
+                                 device->host copy)
+Stuck replica: a router over 2 of those replicas (default `stuck_after_s`=20 s in the full
+run, 5 s in --quick), 8 three-turn episodes in flight; 0.5 s into the run one replica's
+event loop is blocked for an hour (it stops answering).
+  stuck_replica_detected_s       from the stall to the router dropping the replica
+  stuck_episodes_lost            episodes started minus episodes that finished ok (goal 0)
+  stuck_requests_rerun           requests / conversations moved off the stuck replica
 
 Usage: python benchmarks/scale.py [--quick]
 """
@@ -43,7 +67,7 @@ from agentax.envs import ensure_async_env
 from agentax.models import ModelConfig, Transformer
 from agentax.records import Action, SamplingParams, Task
 from agentax.rollout import Collector, CollectorConfig
-from agentax.scale import RayEnvPool
+from agentax.scale import EngineRouter, RayEngineReplica, RayEnvPool, WeightSyncConfig
 from agentax.scale._ray import require_ray
 from agentax.scale.testing import SleepyEnv
 from agentax.text import ByteTokenizer
@@ -56,6 +80,10 @@ OVERHEAD_EPISODE = 10**9
 MIN_LATENCY_S = 0.1  # env step latency floor: long enough that one run is not all noise
 MAX_LATENCY_S = 0.25  # env step latency cap: 8 episodes x 3 steps on 1 worker stay ~6 s
 RUN_TIMEOUT_S = 120.0  # bound on one timed run (all its episodes)
+WIDE_MODEL = ModelConfig.tiny(num_layers=4, hidden_size=64, intermediate_size=32768,
+                              num_heads=2, num_kv_heads=1, head_dim=32)  # 100.9 MB float32
+WIDE_ENGINE = EngineConfig(max_slots=8, max_seq_len=128, prefill_chunk=64, decode_steps_per_call=4)
+NUM_REPLICAS = 4
 
 
 T0 = time.perf_counter()
@@ -66,12 +94,12 @@ def phase(name: str) -> None:
     print(f"[{time.perf_counter() - T0:6.1f} s] {name}", file=sys.stderr, flush=True)
 
 
-def make_collector(engine: Engine, env_factory, max_tokens: int) -> Collector:
+def make_collector(engine: Engine, env_factory, max_tokens: int, model_timeout_s: float = 60) -> Collector:
     return Collector(
         engine, TOKENIZER, env_factory, lambda: ModelAgent(system_prompt=None),
         SamplingParams(temperature=1.0, max_tokens=max_tokens),
-        CollectorConfig(max_turns=NUM_STEPS, max_episode_tokens=256, model_timeout_s=60,
-                        episode_timeout_s=RUN_TIMEOUT_S),
+        CollectorConfig(max_turns=NUM_STEPS, max_episode_tokens=256, model_timeout_s=model_timeout_s,
+                        episode_timeout_s=max(RUN_TIMEOUT_S, 2 * model_timeout_s)),
     )
 
 
@@ -85,7 +113,8 @@ async def run_episodes(collector: Collector, n: int, concurrency: int) -> float:
             assert traj.status.value == "ok", (traj.status, traj.info)
 
     t0 = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), RUN_TIMEOUT_S)
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))),
+                           max(RUN_TIMEOUT_S, collector.config.episode_timeout_s))
     return n / (time.perf_counter() - t0)
 
 
@@ -127,6 +156,102 @@ def step_overhead_ms(pool: RayEnvPool, steps: int) -> float:
     return (remote - local) / steps * 1000.0
 
 
+def build_wide_engine() -> Engine:
+    """Runs in each replica actor: a real engine over the 100.9 MB model."""
+    return Engine(Transformer(WIDE_MODEL, rngs=nnx.Rngs(0)), WIDE_ENGINE,
+                  eos_token_ids=TOKENIZER.eos_token_ids, tokenizer=TOKENIZER)
+
+
+def measure_weight_sync(ray, replicas: list, repeats: int) -> dict:
+    """Serial vs parallel publication of the 100.9 MB state to the replicas, and the floor."""
+    import jax  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    state = nnx.state(Transformer(WIDE_MODEL, rngs=nnx.Rngs(1)))
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
+    # stuck_after_s: this router only publishes; the stuck replica is measured on another one.
+    router = EngineRouter(replicas, weight_sync=WeightSyncConfig(), stuck_after_s=3600.0)
+    host = [np.asarray(x) for x in jax.tree.leaves(state)]
+
+    def floor() -> float:
+        t0 = time.perf_counter()
+        ref = ray.put(host)
+        ray.get([r.actor.__ray_call__.remote(lambda self, xs: sum(x.nbytes for x in xs), ref)
+                 for r in replicas], timeout=RUN_TIMEOUT_S)
+        return time.perf_counter() - t0
+
+    version = iter(range(1, 1000))
+    serial, parallel, blocked, floors = [], [], [], []
+    router.update_weights(state, next(version))  # first publication: layout asked, paths warm
+    router.wait_published(RUN_TIMEOUT_S)
+    router.update_weights_serial(state, next(version))
+    floor()
+    for _ in range(repeats):  # interleaved, best of: the machine is shared
+        t0 = time.perf_counter()
+        router.update_weights_serial(state, next(version))
+        serial.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        router.update_weights(state, next(version))
+        blocked.append(time.perf_counter() - t0)
+        if not router.wait_published(RUN_TIMEOUT_S):
+            raise TimeoutError(f"publication not done within {RUN_TIMEOUT_S} s")
+        parallel.append(time.perf_counter() - t0)
+        floors.append(floor())
+    stats = router.stats()
+    assert stats.down == (), stats.dropped
+    assert stats.policy_version >= 0
+    sync_s, floor_s = min(parallel), min(floors)
+    return {
+        "publish_parallel_over_serial": round(min(serial) / sync_s, 3),
+        "weight_sync_s_100mb_4_replicas": round(sync_s, 4),
+        "weight_sync_gbps": round(nbytes * 8 / 1e9 / sync_s, 3),
+        "weight_sync_over_floor": round(sync_s / floor_s, 3),
+        "weight_sync_floor_s": round(floor_s, 4),
+        "weight_sync_serial_s": round(min(serial), 4),
+        "weight_sync_blocked_s": round(min(blocked), 4),
+        "weight_sync_bytes": nbytes,
+        "weight_sync_chunks": len(router._sync.layout.chunks),
+    }
+
+
+def measure_stuck_replica(replicas: list, stuck_after_s: float) -> dict:
+    """A replica stops answering mid-run: time to drop it; episodes lost from the accounting."""
+    router = EngineRouter(replicas, stuck_after_s=stuck_after_s)
+    env = functools.partial(SleepyEnv, num_steps=NUM_STEPS, step_latency_s=0.2)
+    # Generous model bound: the replicas compile their kernels in the warm-up (slow when the
+    # machine is loaded); the measured run then needs no compilation.
+    collector = make_collector(router, env, 4, model_timeout_s=RUN_TIMEOUT_S)
+    asyncio.run(asyncio.wait_for(run_episodes(collector, 8, 8), 3 * RUN_TIMEOUT_S))
+    marks: dict[str, float] = {}
+    outcomes: list = []
+
+    async def run() -> None:
+        async def one(i: int):
+            traj = await collector.run_episode(Task(id=f"s{i}", prompt=f"Step {i}."), seed=i)
+            outcomes.append(traj.status.value)
+
+        async def stall() -> None:
+            await asyncio.sleep(0.5)
+            replicas[0].actor.__ray_call__.remote(lambda self: time.sleep(3600))
+            marks["stalled"] = time.perf_counter()
+            while 0 not in router.down:
+                await asyncio.sleep(0.05)
+            marks["dropped"] = time.perf_counter()
+
+        await asyncio.wait_for(asyncio.gather(stall(), *(one(i) for i in range(8))),
+                               RUN_TIMEOUT_S + stuck_after_s)
+
+    asyncio.run(run())
+    stats = router.stats()
+    router._watchdog.stop()  # the replicas are shut down with the publishing router
+    return {
+        "stuck_replica_detected_s": round(marks["dropped"] - marks["stalled"], 2),
+        "stuck_episodes_lost": 8 - outcomes.count("ok"),
+        "stuck_requests_rerun": sum(stats.reruns.values()) + sum(stats.moved.values()),
+        "stuck_after_s": stuck_after_s,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small run (< 1 min on two cores)")
@@ -142,6 +267,10 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     phase("ray up")
+    # The engine replicas start now (their imports and builds overlap this process's warm-up);
+    # the timed environment runs wait until they are up, so nothing else runs during those.
+    # num_cpus=0: the environment pools reserve the cluster's 2 CPUs for their actors.
+    replicas = [RayEngineReplica(build_wide_engine, num_cpus=0.0) for _ in range(NUM_REPLICAS)]
     engine = Engine(Transformer(MODEL, rngs=nnx.Rngs(0)),
                     EngineConfig(max_slots=16, max_seq_len=256, prefill_chunk=64, decode_steps_per_call=4),
                     eos_token_ids=TOKENIZER.eos_token_ids, tokenizer=TOKENIZER)
@@ -162,7 +291,8 @@ def main() -> None:
         try:
             for pool in pools.values():
                 pool.warm_up(timeout_s=60.0)
-            phase("actors warm")
+            ray.get([r.heartbeat() for r in replicas], timeout=300)
+            phase("actors warm (env workers and engine replicas)")
             rates = dict.fromkeys(workers, 0.0)
             for _ in range(repeats):  # interleaved, best of: the machine is shared
                 for w in workers:
@@ -173,7 +303,13 @@ def main() -> None:
         finally:
             for pool in pools.values():
                 pool.shutdown()
+        sync = measure_weight_sync(ray, replicas, 2 if args.quick else 5)
+        phase(f"weight sync done: {json.dumps(sync)}")
+        stuck = measure_stuck_replica(replicas[:2], 5.0 if args.quick else 20.0)
+        phase("stuck replica done")
     finally:
+        for r in replicas:
+            r.kill()
         engine.shutdown()
         ray.shutdown()
 
@@ -191,6 +327,12 @@ def main() -> None:
         "workload": (f"tiny byte model, {NUM_STEPS}-step episodes, blocking env steps of 10 warm "
                      f"model turns (at most {MAX_LATENCY_S} s), {concurrency} episodes in flight, Ray actors of 0.25 CPU on a local "
                      "2-CPU cluster"),
+        **sync,
+        **stuck,
+        "weight_sync_workload": (f"{NUM_REPLICAS} RayEngineReplica actors (num_cpus=0, same "
+                                 "local Ray), each a real Engine over a 100.9 MB float32 model "
+                                 "(tiny byte model, 4 layers, MLP width 32768, 46 tensors); "
+                                 "trainer state float32 in the driver"),
     }
     if not args.quick:
         os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentax.engine import EngineClosed, SequenceError
+from agentax.engine import EngineError, SequenceError
 from agentax.records import SamplingParams, Task, TrajectoryStatus
 from agentax.scale import EngineRouter
 from agentax.scale.testing import SleepyEnv
@@ -96,24 +96,37 @@ def test_publish_reaches_every_replica_and_version_is_the_minimum(model):
         router.shutdown()
 
 
-def test_unknown_sequence_and_a_dead_replica(model):
+def test_unknown_sequence_and_a_dead_replica_whose_requests_rerun_elsewhere(model):
     a, b = make_engine(model), make_engine(model)
     router = EngineRouter([a, b])
     try:
         async def go():
             with pytest.raises(SequenceError):
                 await router.generate(PROMPTS[0], SamplingParams(max_tokens=2), sequence_id=12345)
+            parked = await router.generate(PROMPTS[1], SamplingParams(max_tokens=2))  # on replica 0
             a.shutdown()
-            with pytest.raises(EngineClosed):  # first new conversation lands on replica 0
-                await router.generate(PROMPTS[0], SamplingParams(max_tokens=2))
+            # The next new conversation lands on replica 0, fails there, re-runs on replica 1.
+            moved = await router.generate(PROMPTS[0], SamplingParams(max_tokens=2))
             later = [await router.generate(p, SamplingParams(max_tokens=2)) for p in PROMPTS]
-            return later
+            # A conversation parked on the dead replica continues on replica 1 (history prefilled).
+            cont = await router.generate(FOLLOW_UP, SamplingParams(max_tokens=2),
+                                         sequence_id=parked.sequence_id)
+            return parked, moved, later, cont
 
-        later = asyncio.run(go())
+        parked, moved, later, cont = asyncio.run(go())
         stats = router.stats()
-        assert stats.down == (0,)
-        assert {router.replica_of(c.sequence_id) for c in later} == {1}
-        assert stats.live_sequences == (0, 4)
+        assert stats.down == (0,) and stats.replicas[0] is None
+        assert stats.reruns == {"engine_error": 1} and stats.moved == {"engine_error": 1}
+        assert "engine_error replica 0" in stats.dropped[0] and "in generate" in stats.dropped[0]
+        assert {router.replica_of(c.sequence_id) for c in [moved, *later, cont]} == {1}
+        assert stats.live_sequences == (0, 6)
+        assert cont.prompt_len == len(FOLLOW_UP)
+        # Replica 1 prefilled the parked conversation's whole history.
+        history = len(PROMPTS[1]) + parked.num_tokens + len(FOLLOW_UP)
+        assert stats.replicas[1].prefill_tokens >= history
+        b.shutdown()
+        with pytest.raises(EngineError, match="all 2 engine replicas are down: .*replica 1"):
+            asyncio.run(router.generate(PROMPTS[0], SamplingParams(max_tokens=2)))
     finally:
         router.shutdown()
 

@@ -7,6 +7,9 @@
   routing, least-loaded placement of new conversations, one version published to all;
   `EngineRouter.on_devices(model, make_engine, n)` builds replicas on disjoint local devices.
 * `RayEngineReplica(make_engine, num_gpus=...)`: an engine in a Ray actor, for a router.
+  Over Ray replicas the router publishes weights with one shared, chunked, parallel,
+  background transfer (`WeightSyncConfig`), and drops replicas that hang or die (their
+  requests re-run elsewhere, counted); with none left the run stops with `RunFailed`.
 
 Ray is optional (`pip install 'agentax[ray]'`) and imported only when a Ray piece is built.
 See docs/scaling.md.
@@ -15,6 +18,7 @@ See docs/scaling.md.
 from agentax.scale._env_pool import RayEnvPool, RayEnvPoolStats, RemoteEnvironment
 from agentax.scale._replica import RayEngineReplica
 from agentax.scale._router import EngineRouter, RouterStats
+from agentax.scale._weight_sync import WeightSyncConfig, WeightSyncStats
 
 __all__ = [
     "EngineRouter",
@@ -23,4 +27,6 @@ __all__ = [
     "RayEnvPoolStats",
     "RemoteEnvironment",
     "RouterStats",
+    "WeightSyncConfig",
+    "WeightSyncStats",
 ]

@@ -4,7 +4,11 @@ On a cluster each replica is an actor placed on its own accelerators (`num_gpus`
 `resources` such as `{"TPU": 4}`); put several behind an `EngineRouter`. The actor builds its
 engine with `make_engine()` (called in the actor process, so weights load where they run),
 serves `generate` on its own event loop (the engine batches concurrent requests as usual) and
-takes weights as host arrays, which it puts on its devices before the swap.
+takes weights as host arrays, which it puts on its devices before the swap: either whole
+(`update_weights`, the serial path) or as chunks of a `WeightSync` publication shared by all
+replicas (`receive_chunk` ... `commit_weights`, see `_weight_sync.py`). `heartbeat` answers
+while the actor's event loop runs, with the engine's progress counters, for the router's
+watchdog.
 
 Engine errors raised in the actor (`SequenceError`, `PromptTooLong`, `EngineError`) come back
 as exceptions of the same class (Ray's task errors subclass the cause).
@@ -12,11 +16,16 @@ as exceptions of the same class (Ray's task errors subclass the cause).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from agentax.records import Completion, SamplingParams
 from agentax.scale._ray import ensure_ray_initialized, require_ray
+from agentax.scale._weight_sync import _np_dtype
 
 __all__ = ["RayEngineReplica"]
 
@@ -26,6 +35,10 @@ class _EngineActor:
 
     def __init__(self, make_engine: Callable[[], Any]) -> None:
         self.engine = make_engine()
+        self._incoming: _Incoming | None = None
+        self._host: list[np.ndarray] | None = None  # last committed host weights (delta base)
+        self._host_version: int | None = None
+        self._spec: list[tuple[tuple[int, ...], str]] | None = None
 
     async def generate(self, prompt_ids: Any, params: Any, sequence_id: int | None) -> Completion:
         return await self.engine.generate(prompt_ids, params, sequence_id=sequence_id)
@@ -37,7 +50,13 @@ class _EngineActor:
         import jax  # noqa: PLC0415 - the actor process owns the devices
 
         self.engine.update_weights(jax.device_put(state), version)
+        self._host = self._host_version = None  # no longer a valid delta base
         return version
+
+    async def heartbeat(self) -> tuple[int, int, int]:
+        """(policy version, decode steps, resolved requests): answers while the loop runs."""
+        s = self.engine.stats()
+        return s.policy_version, s.steps + s.prefill_calls, s.completed + s.failed
 
     def policy_version(self) -> int:
         return self.engine.policy_version
@@ -47,6 +66,173 @@ class _EngineActor:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+    # ------------------------------------------------------------------ chunked weights
+
+    def weight_spec(self) -> list[tuple[tuple[int, ...], str]]:
+        """Shape and dtype of each engine weight leaf (what a publisher casts to)."""
+        if self._spec is None:  # fixed for the engine's life
+            self._spec = [(tuple(w.shape), str(w.dtype)) for w in _engine_weights(self.engine)]
+        return self._spec
+
+    async def receive_chunk(self, version: int, ranges: Any, parts: list[np.ndarray],
+                            base_version: int | None, keep: bool, total: int) -> int | None:
+        """Takes one chunk (element ranges of flat leaves) of the version being assembled.
+
+        `parts` arrive read-only from the object store (zero-copy). A whole leaf goes straight
+        onto the engine's device (one copy; none on a CPU device, see `_on_device`); a piece of a leaf larger than a chunk is copied
+        into a host buffer, put on the device at commit. The copies run on a thread, so
+        generation keeps going. A delta (`base_version` set) patches a copy of the host
+        weights committed at `base_version`; `keep` keeps this version's host arrays as the
+        base of the next delta. The call that brings the `total`-th chunk of the version
+        commits it (no extra round trip) and returns the version; the others return None.
+        """
+        inc = self._incoming
+        if inc is None or inc.version != version:
+            if base_version is not None and base_version != self._host_version:
+                raise ValueError(
+                    f"delta publication on base version {base_version}, but this replica holds "
+                    f"host weights of version {self._host_version}; publish in full")
+            self._incoming = inc = _Incoming(version, self.weight_spec())
+        current = _engine_weights(self.engine)
+        whole, pieces = [], []
+        for (leaf, a, b), part in zip(ranges, parts):
+            if a == 0 and b == inc.sizes[leaf]:
+                whole.append((leaf, part))
+            else:
+                buf = await inc.buffer(leaf, self._host if base_version is not None else None)
+                pieces.append((buf, a, b, part))
+
+        def copy() -> list:
+            import jax  # noqa: PLC0415 - the actor process owns the devices
+
+            for buf, a, b, part in pieces:
+                buf[a:b] = part
+            placed = [_on_device(part.reshape(inc.spec[leaf][0]), current[leaf].sharding)
+                      for leaf, part in whole]
+            return jax.block_until_ready(placed)
+
+        placed = await asyncio.to_thread(copy)
+        for (leaf, part), array in zip(whole, placed):
+            inc.device[leaf] = array
+            if keep:
+                inc.host[leaf] = part  # pins the object-store copy: the next delta's base
+        for leaf, a, b in ranges:
+            inc.received[leaf] += b - a
+        inc.chunks += 1
+        if inc.chunks < total:
+            return None
+        if self._incoming is inc:
+            self._incoming = None
+        return await self._commit(inc, version, base_version, keep)
+
+    async def commit_weights(self, version: int, base_version: int | None, keep: bool) -> int:
+        """Commits a delta publication in which no chunk changed (only the version moves)."""
+        inc, self._incoming = self._incoming, None
+        if inc is None or inc.version != version:
+            inc = None
+        return await self._commit(inc, version, base_version, keep)
+
+    async def _commit(self, inc: Any, version: int, base_version: int | None, keep: bool) -> int:
+        """Hands the assembled version to the engine (swapped between two decode steps)."""
+        import jax  # noqa: PLC0415
+
+        spec = self.weight_spec()
+        delta = base_version is not None
+        if inc is None:
+            if not delta:
+                raise ValueError(f"commit of version {version} without any chunk received")
+            inc = _Incoming(version, spec)  # a delta in which nothing changed
+        if inc.version != version:
+            raise ValueError(f"commit of version {version}, but version {inc.version} was received")
+        current = _engine_weights(self.engine)
+        leaves: list[Any] = [None] * len(spec)
+        host: list[Any] = [None] * len(spec)
+        assembled = []
+        for leaf, (shape, _) in enumerate(spec):
+            touched = leaf in inc.device or leaf in inc.buffers
+            if not delta and inc.received[leaf] != inc.sizes[leaf]:
+                raise ValueError(f"version {version}: leaf {leaf} got {inc.received[leaf]} of "
+                                 f"{inc.sizes[leaf]} elements; a chunk was lost")
+            if leaf in inc.device:
+                leaves[leaf], host[leaf] = inc.device[leaf], inc.host.get(leaf)
+            elif leaf in inc.buffers:
+                buf = await inc.buffers[leaf]
+                assembled.append((leaf, buf.reshape(shape)))
+                host[leaf] = buf
+            elif delta and not touched:  # unchanged since the base version
+                leaves[leaf], host[leaf] = current[leaf], self._host[leaf]
+
+        def place() -> list:
+            return jax.block_until_ready(
+                [_on_device(buf, current[leaf].sharding) for leaf, buf in assembled])
+
+        for (leaf, _), array in zip(assembled, await asyncio.to_thread(place)):
+            leaves[leaf] = array
+        self.engine.update_weights(leaves, version)  # already placed: a pointer swap
+        self._host, self._host_version = (host, version) if keep else (None, None)
+        return version
+
+
+class _Incoming:
+    """The pieces of a version being assembled from chunks."""
+
+    def __init__(self, version: int, spec: list[tuple[tuple[int, ...], str]]) -> None:
+        self.version = version
+        self.spec = spec
+        self.sizes = [int(np.prod(shape, dtype=np.int64)) for shape, _ in spec]
+        self.device: dict[int, Any] = {}  # whole leaves, on the engine's devices
+        self.host: dict[int, np.ndarray] = {}  # their host arrays (kept for a delta base)
+        self.buffers: dict[int, asyncio.Future] = {}  # leaves larger than a chunk, assembling
+        self.received: collections.Counter[int] = collections.Counter()
+        self.chunks = 0
+
+    async def buffer(self, leaf: int, base: list[np.ndarray] | None) -> np.ndarray:
+        fut = self.buffers.get(leaf)
+        if fut is None:
+            if base is not None:  # a delta patches a copy of the previous weights
+                fut = asyncio.ensure_future(asyncio.to_thread(np.array, base[leaf], copy=True))
+            else:
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(np.empty(self.sizes[leaf], _np_dtype(self.spec[leaf][1])))
+            self.buffers[leaf] = fut
+        return await fut
+
+
+class _Writable:
+    """A writable-flagged view of a read-only host array, for DLPack (which cannot say
+    read-only). Nothing writes through it: the engine never donates its weights."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array  # keeps the object-store buffer alive as long as the view is
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+
+
+def _on_device(host: np.ndarray, sharding: Any) -> Any:
+    """`host` on `sharding`. On a single CPU device the array aliases `host` (no copy): for
+    object-store memory, every replica on a node then decodes from the node's one copy of
+    the weights, kept alive (and immutable) as long as the engine uses them. Elsewhere, or
+    when the buffer does not suit XLA (not 64-byte aligned, an exotic dtype), one copy."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    devices = sharding.device_set
+    if len(devices) == 1 and host.flags.c_contiguous:
+        device = next(iter(devices))
+        if device.platform == "cpu" and device == jax.devices("cpu")[0]:
+            try:  # (the engine's update_weights commits it to its device: still no copy)
+                return jnp.from_dlpack(np.asarray(_Writable(host)), copy=False)
+            except (BufferError, TypeError, ValueError, RuntimeError):
+                pass
+    return jax.device_put(host, sharding)
+
+
+def _engine_weights(engine: Any) -> list:
+    """The engine's current weight leaves (device arrays, in `jax.tree.leaves` order)."""
+    weights = getattr(engine, "weights", None)
+    return list(weights if weights is not None else engine._weights)
 
 
 _ACTOR_CLASS: Any = None
@@ -60,7 +246,8 @@ class RayEngineReplica:
       num_cpus / num_gpus / resources: what Ray reserves for the actor (its placement).
       actor_options: further `ray.remote` options.
       call_timeout_s: limit for the blocking control calls (`policy_version`, `stats`,
-        `update_weights`, `shutdown`); generation is bounded by the collector's model timeout.
+        `update_weights`, `shutdown`); generation is bounded by the collector's model timeout
+        and, behind an `EngineRouter`, by its watchdog (`stuck_after_s`).
     """
 
     def __init__(
@@ -110,6 +297,20 @@ class RayEngineReplica:
 
     def stats(self) -> Any:
         return self._ray.get(self.actor.stats.remote(), timeout=self.call_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"RayEngineReplica(actor {self.actor._actor_id.hex()[:12]})"
+
+    def heartbeat(self) -> Any:
+        """An `ObjectRef` of `(policy_version, progress, resolved)`; the router's watchdog polls it."""
+        return self.actor.heartbeat.remote()
+
+    def kill(self) -> None:
+        """Ends the actor at once (a replica dropped as stuck may never answer a shutdown)."""
+        try:
+            self._ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
 
     def shutdown(self) -> None:
         try:
