@@ -36,6 +36,7 @@ ENV_OF_RECIPE = {  # recipe name prefix -> the environment factory it must name
     "swe_tiny": "agentax.recipes.swe_tiny:make_env", "mcp_tools": "agentax.recipes.mcp_tools:make_env",
     "openai_calculator": "agentax.recipes.openai_calculator:make_env",
     "agents_sdk_calculator": "agentax.recipes.agents_sdk_calculator:make_env",
+    "web": "agentax.recipes.web:make_env", "mini_swe": "agentax.recipes.mini_swe:make_env",
 }
 
 

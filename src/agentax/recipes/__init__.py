@@ -5,8 +5,9 @@
 * Modules named in those YAML files, each a user's-eye example of `env.factory`,
   `agent.factory`, `tasks.factory` and `sft.demos`: `agentax.recipes.calculator` (the embedded
   CPU demo), `.math`, `.frozen_lake`, `.bash`, `.swe_tiny`, `.mcp_tools` (a tool of a real MCP
-  server, `agentax.recipes._mcp_server`), `.openai_calculator` (an `openai` SDK agent) and
-  `.agents_sdk_calculator` (an OpenAI Agents SDK agent).
+  server, `agentax.recipes._mcp_server`), `.openai_calculator` (an `openai` SDK agent),
+  `.agents_sdk_calculator` (an OpenAI Agents SDK agent) and `.mini_swe` (a mini-swe-agent
+  agent, its commands in the sandbox).
 * `load_tasks(path)` (JSONL / Parquet tasks), `load_demos_jsonl(path)` (chat demonstrations),
   `render_examples(tokenizer, demos, tools=..., instructions=...)` (SFT examples rendered with
   the tool list and system message the episodes' prompts carry), and the calculator task's
