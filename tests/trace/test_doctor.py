@@ -153,3 +153,38 @@ def test_generation_bound_advice_skips_max_tokens_already_at_its_floor(tmp_path,
     assert ("shorten generations" in report.suggestion) == shorten, report.suggestion
     if not shorten:
         assert "already short (sampling.max_tokens=8)" in report.suggestion
+
+
+def test_an_environment_bound_run_whose_time_is_the_browsers_is_called_browser_bound(tmp_path):
+    """The synthetic environment-bound run, re-decided with browser spans inside its env steps:
+    60 % of the environment time in the browser reads "Browser-bound" and advises more worker
+    processes; 30 % stays "Environment-bound"."""
+    import dataclasses
+    from collections import defaultdict
+
+    from agentax.trace import _verdict
+    from agentax.trace._reader import read_trace
+
+    simulate_run(tmp_path, "environment")
+    report = doctor.analyze(tmp_path)
+    trace = read_trace(str(tmp_path))
+    by_name = defaultdict(list)
+    for s in trace.spans:
+        by_name[s.name].append((s.start_ns, s.end_ns))
+    fields = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)
+              if f.name not in ("bottleneck", "verdict", "suggestion")}
+    wall = max(trace.end_ns - trace.start_ns, 1)
+    verdicts = {}
+    for share in (0.6, 0.3):
+        with_browser = dict(by_name)
+        with_browser[names.BROWSER_ACTION] = [
+            (s, s + int(share * (e - s))) for s, e in by_name[names.ENV_STEP]]
+        verdicts[share] = _verdict.decide(fields, with_browser, wall)
+    assert verdicts[0.6][0] == verdicts[0.3][0] == "environment"
+    env_ns = sum(e - s for n in (names.ENV_RESET, names.ENV_STEP) for s, e in by_name[n])
+    expected = 0.6 * sum(e - s for s, e in by_name[names.ENV_STEP]) / env_ns  # resets: no browser
+    assert verdicts[0.6][1].startswith("Browser-bound")
+    assert f"{100 * expected:.0f}% of the environments' time went to the browser" in verdicts[0.6][1]
+    assert "RayEnvPool" in verdicts[0.6][2]
+    assert verdicts[0.3][1].startswith("Environment-bound") and "RayEnvPool" not in verdicts[0.3][2]
+    assert report.verdict.startswith("Environment-bound")  # no browser spans: as before

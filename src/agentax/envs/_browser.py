@@ -37,18 +37,16 @@ from typing import Any
 
 from agentax.envs._base import EnvError, Environment
 from agentax.envs._browser_actions import BrowserAction, parse_browser_action
-from agentax.envs._browser_host import BROWSER_LAUNCH, BrowserHost, browser_host, find_chromium
+from agentax.envs._browser_host import BrowserHost, browser_host, find_chromium
 from agentax.envs._browser_obs import ID_ATTR, OBSERVE_JS, format_view
 from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
-from agentax.trace import get_tracer
+from agentax.trace import get_tracer, names
 
 __all__ = ["BROWSER_SITES", "BROWSER_SPANS", "BrowserEnvironment", "BrowserSite", "UrlSite", "register_browser_site"]
 
-BROWSER_NAVIGATE = "browser_navigate"
-BROWSER_ACTION = "browser_action"
-BROWSER_OBSERVE = "browser_observe"
-BROWSER_SPANS = (BROWSER_LAUNCH, BROWSER_NAVIGATE, BROWSER_ACTION, BROWSER_OBSERVE)
-"""Trace span names of browser work (launch, page loads, actions, page views)."""
+BROWSER_SPANS = names.BROWSER_SPANS
+"""Trace span names of browser work (launch, page loads, actions, page views), defined in
+`agentax.trace.names` so that `agentax doctor` can tell a browser-bound run."""
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
 _NOT_LOCAL = re.compile(r"^(?!(?:https?|wss?)://(?:localhost|127\.0\.0\.1|\[::1\])(?:[:/?#]|$)"
@@ -265,7 +263,7 @@ class BrowserEnvironment(Environment):
             self._site, self._episode_task = site, task
             url = site.start_url(task)
             self._allow = (_origin_prefix(url), *site.allow)
-            with get_tracer().span(BROWSER_NAVIGATE, args={"url": url[:200]}):
+            with get_tracer().span(names.BROWSER_NAVIGATE, args={"url": url[:200]}):
                 await self._timed(self._page.goto(url, wait_until="load"), nav_s, f"loading {url[:100]}")
             self._instruction = await self._timed(site.setup(self._page, task), nav_s, "site setup")
             return (await self._observe_state())[0]
@@ -363,7 +361,7 @@ class BrowserEnvironment(Environment):
     async def _act(self, a: BrowserAction) -> str:
         """Run one action; return '' on success, else what went wrong (for the model)."""
         page, t = self._page, self.action_timeout_s
-        with get_tracer().span(BROWSER_ACTION, args={"action": a.kind}) as span:
+        with get_tracer().span(names.BROWSER_ACTION, args={"action": a.kind}) as span:
             try:
                 if a.kind in ("click", "type", "select"):
                     # Ids the model can know are those of its last view: no browser call needed
@@ -393,7 +391,7 @@ class BrowserEnvironment(Environment):
                         self.browser_stats["blocked_gotos"] += 1
                         span.set_arg("blocked", True)
                         return f"goto blocked: {a.text} is outside this task's sites ({', '.join(self._allow)})"
-                    with get_tracer().span(BROWSER_NAVIGATE, args={"url": a.text[:200]}):
+                    with get_tracer().span(names.BROWSER_NAVIGATE, args={"url": a.text[:200]}):
                         await self._bounded(page.goto(a.text, wait_until="load"), self.navigation_timeout_s)
                 return ""
             except _BrowserCrashed:
@@ -430,7 +428,7 @@ class BrowserEnvironment(Environment):
         t0 = time.perf_counter()
         args = [site.root, site.skip, self.max_text_len]
         js = _COMBINED_JS.replace("__OBSERVE__", OBSERVE_JS).replace("__STATE__", site.state_js or "null")
-        with get_tracer().span(BROWSER_OBSERVE):
+        with get_tracer().span(names.BROWSER_OBSERVE):
             out = None
             for _ in range(3):
                 try:

@@ -25,12 +25,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from agentax.trace import get_tracer
+from agentax.trace import get_tracer, names
 
 __all__ = ["BrowserHost", "BrowserUnavailableError", "browser_host", "check_browser_available",
            "find_chromium", "shutdown_browser"]
 
-BROWSER_LAUNCH = "browser_launch"
 
 _CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -115,7 +114,7 @@ class BrowserHost:
     async def _launch(self) -> None:
         from playwright.async_api import async_playwright
 
-        with get_tracer().span(BROWSER_LAUNCH, args={"restart": self.stats["launches"] > 0}):
+        with get_tracer().span(names.BROWSER_LAUNCH, args={"restart": self.stats["launches"] > 0}):
             if self._pw is None:
                 self._pw = await async_playwright().start()
             args = [

@@ -58,6 +58,18 @@ def _shared_compute(fields: dict) -> str:
     return ""
 
 
+BROWSER_BOUND_SHARE = 0.5
+"""An environment-bound run is called browser-bound when at least this share of its
+environment time (env_reset + env_step spans) went to browser spans (`names.BROWSER_SPANS`)."""
+
+
+def _browser_share(by_name: dict) -> float:
+    """Browser spans' summed time over the environment spans' (the former nest in the latter)."""
+    env = sum(e - s for n in (names.ENV_RESET, names.ENV_STEP) for s, e in by_name.get(n, ()))
+    browser = sum(e - s for n in names.BROWSER_SPANS for s, e in by_name.get(n, ()))
+    return min(1.0, browser / env) if env else 0.0
+
+
 def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     """(bottleneck, verdict, suggestion) from the report fields."""
     busy = fields["trainer_busy_fraction"]
@@ -131,11 +143,16 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
         worst = max(parts, key=parts.get)
         span_name = {"env": names.ENV_STEP, "tool": names.TOOL_CALL, "reward": names.REWARD}[worst]
         lat = _latency(fields, span_name)
-        lead = (f"Environment-bound: the trainer waited {pct(wait)} of its time for groups; "
+        browser = _browser_share(by_name)
+        kind = "Browser-bound" if browser >= BROWSER_BOUND_SHARE else "Environment-bound"
+        lead = (f"{kind}: the trainer waited {pct(wait)} of its time for groups; "
                 f"episodes spent {pct(env_share)} of their time in environment steps, tools "
                 f"and rewards")
         if lat:
             lead += f"; {span_name.replace('_', ' ')} p50 is {lat.p50_s:.2f} s, p99 {lat.p99_s:.2f} s"
+        if browser >= BROWSER_BOUND_SHARE:
+            lead += (f"; {pct(browser)} of the environments' time went to the browser (page "
+                     f"loads, actions, page views)")
         factor = min(4.0, 1.0 / max(busy or 0.0, 0.25))
         if conc:
             target = _nice(conc * factor)
@@ -152,6 +169,10 @@ def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
             tip = f"raise pipeline.max_concurrency about {factor:.1f}x"
         if lat and lat.p50_s > 0 and lat.p99_s > 4 * lat.p50_s:
             tip += f"; the {span_name} tail is long (p99 {lat.p99_s / lat.p50_s:.0f}x p50): set a timeout"
+        if browser >= BROWSER_BOUND_SHARE:
+            tip += ("; a browser's work is CPU on its host: when that host's cores are busy, run "
+                    "the environments in more worker processes or machines (agentax.scale."
+                    "RayEnvPool, one browser each) rather than more contexts in one")
         return "environment", lead + ".", tip
 
     if wait is not None and wait >= 0.2:

@@ -24,6 +24,11 @@ PREFILL = "prefill"  # engine prefill of new requests into free slots (engine tr
 DECODE_STEP = "decode_step"  # one batched decode step of all active slots (engine track)
 DEVICE_CALL = "device_call"  # default name for `Tracer.device_span`
 HOST_INFO = "host_info"  # instant at `Tracer.start`: cpu_cores, jax_backend, jax_devices
+BROWSER_LAUNCH = "browser_launch"  # a BrowserEnvironment starts its worker's Chromium
+BROWSER_NAVIGATE = "browser_navigate"  # a page load (inside env_reset / env_step)
+BROWSER_ACTION = "browser_action"  # one click / type / ... on the page
+BROWSER_OBSERVE = "browser_observe"  # the text view of the page built for the model
+BROWSER_SPANS = (BROWSER_LAUNCH, BROWSER_NAVIGATE, BROWSER_ACTION, BROWSER_OBSERVE)
 
 # --- counters ----------------------------------------------------------------------------
 ENGINE_ACTIVE_SLOTS = "engine_active_slots"
