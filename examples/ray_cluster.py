@@ -83,7 +83,8 @@ def main() -> None:
         tasks = [Task(id=f"t{i}", prompt=f"Say {w}.") for i, w in enumerate(["hi", "yes", "abc", "ok"])]
         config = PipelineConfig(group_size=2, groups_per_step=2, max_concurrency=8, filters=(),
                                 mode="async", max_staleness=1)
-        result = Pipeline(collector, trainer, router, tasks, config).run(args.steps)
+        pipeline = Pipeline(collector, trainer, router, tasks, config)
+        result = pipeline.run(args.steps)
         router.wait_published(120)
         stats = router.stats()
         print(f"steps={len(result.steps)} accounting={result.accounting} "
