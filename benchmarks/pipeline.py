@@ -493,8 +493,9 @@ def replay_schedule(group_s: list[float], cost_s: list[float], max_staleness: in
     for group_s[i] seconds, step k trains and publishes for cost_s[k % len] seconds. Driven
     by the pipeline's own parts, as `Pipeline._run_async` drives them: admission while the
     `StalenessGate` allows and fewer than `max_running` groups run; each batch filled earliest
-    deadline first with `gate.fits`; a running group that blocks a step which complete groups
-    could fill is dropped once it has run past `StragglerLimit(straggler_factor)` (None: never).
+    deadline first with `gate.fits`; a running group that blocks a step (complete groups could
+    fill it, or no new group may start) is dropped once it has run past
+    `StragglerLimit(straggler_factor)` (None: never).
     A group still outstanding past its deadline is dropped too (`missed`; never with the real
     gate — a variant passed as `gate` may over-admit). Stops when the group times run out.
 
@@ -533,7 +534,11 @@ async def _replay(group_s, cost_s, max_staleness, gps, max_running, straggler_fa
                 pool.remove(picked)
                 batch.append(picked)
                 continue
-            if limit is None or len(pool) + len(batch) < gps or not running or limit.limit_s() is None:
+            # As the pipeline: a straggler blocks when complete groups could fill the step, or
+            # when no new group may start (the gate or the running limit is full).
+            blocked = (len(pool) + len(batch) >= gps or gate.would_block()
+                       or len(running) >= max_running)
+            if limit is None or not blocked or not running or limit.limit_s() is None:
                 break
             index = min(running, key=lambda i: (running[i][0], i))  # the earliest deadline
             deadline, started = running[index]

@@ -466,10 +466,13 @@ class Pipeline:
             ready.put_nowait((run.deadline, group))
             self.tracer.counter(names.QUEUE_DEPTH, ready.qsize())
 
+        def slots_full() -> bool:
+            # Never start more groups than there are episode slots to run them.
+            return len(running) * cfg.group_size >= cfg.max_concurrency + cfg.group_size - 1
+
         async def produce() -> None:
             while True:
-                # Never start more groups than there are episode slots to run them.
-                while len(running) * cfg.group_size >= cfg.max_concurrency + cfg.group_size - 1:
+                while slots_full():
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 if gate.would_block():
                     with self.tracer.span(names.STALENESS_WAIT, track=names.COLLECTOR_TRACK):
@@ -500,11 +503,14 @@ class Pipeline:
                             batch.append(picked)
                             continue
                         timeout = None
-                        if stragglers is not None and len(pool) + len(batch) >= cfg.groups_per_step:
-                            # Complete groups could fill the step but a running group whose
-                            # deadline has come blocks them: the earliest-deadline one.
+                        if stragglers is not None:
+                            # Complete groups could fill the step, or no new group may start
+                            # (running groups hold the whole staleness window or every episode
+                            # slot): a running group blocks them, the earliest-deadline one.
+                            blocked = (len(pool) + len(batch) >= cfg.groups_per_step
+                                       or gate.would_block() or slots_full())
                             timeout = await self._drop_straggler(gate, running, stragglers,
-                                                                 dropped)
+                                                                 dropped, blocked)
                             if timeout == 0.0:
                                 continue
                         item = await _next_group(ready, producer, timeout)
@@ -530,16 +536,22 @@ class Pipeline:
         return steps
 
     async def _drop_straggler(self, gate: StalenessGate, running: dict[asyncio.Task, _Running],
-                              stragglers: StragglerLimit, dropped: set[asyncio.Task]) -> float | None:
-        """Called when complete groups could fill the step but a running group with an earlier
-        deadline blocks them. Drops that group if it has run past the straggler limit (returns
-        0.0); otherwise returns how long it may still run (None: no limit applies yet)."""
+                              stragglers: StragglerLimit, dropped: set[asyncio.Task],
+                              blocked: bool) -> float | None:
+        """Called while the trainer waits for a group. When it is `blocked` (complete groups
+        could fill the step, or no new group may start) by a running group with an earlier
+        deadline, drops that group if it has run past the straggler limit (returns 0.0).
+        Otherwise returns how long to wait before asking again (None: no limit applies yet, and
+        the next finished group wakes the trainer anyway): the victim's time left, or one limit
+        when no group could be late before then (a group started from now on needs a limit)."""
         limit = stragglers.limit_s()
+        if limit is None:
+            return None
         # A group whose members have all finished is being screened, not late.
         alive = [(r, t) for t, r in running.items()
                  if not t.done() and len(r.members.finished) < self.config.group_size]
-        if limit is None or not alive:
-            return None
+        if not blocked or not alive:
+            return limit
         victim, task = min(alive, key=lambda rt: (rt[0].deadline, rt[0].index))
         left = victim.started_at + limit - time.perf_counter()
         if left > 0:
