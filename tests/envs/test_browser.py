@@ -322,3 +322,30 @@ def test_browser_work_is_traced_on_the_episode_track(page_task):
 def test_missing_chromium_fails_at_construction_with_the_fix():
     with pytest.raises(BrowserUnavailableError, match="Chromium not found"):
         BrowserEnvironment(executable_path="/nonexistent/chrome")
+
+
+def test_launch_keeps_playwrights_disabled_features_in_the_one_switch_chromium_reads():
+    from agentax.envs._browser_host import launch_args
+
+    args = launch_args(["--foo", "--disable-features=Mine"])
+    switches = [a for a in args if a.startswith("--disable-features=")]
+    assert len(switches) == 1 and args[-1] == switches[0] and "--foo" in args
+    features = switches[0].split("=", 1)[1].split(",")
+    # Playwright's (it routes requests with them off), the omnibox UI's, and the caller's.
+    assert {"AvoidCorsURLLoaderRestartOnRedirect", "PaintHolding", "WebUIOmniboxPopup", "Mine"} <= set(features)
+
+
+def test_a_context_opens_only_its_page_no_browser_ui(page_task):
+    # Headless Chrome built two omnibox-popup WebUI pages per window (context), each in a
+    # renderer of its own: most of a reset's CPU (issue 45).
+    async def go():
+        env = BrowserEnvironment()
+        await env.reset(page_task)
+        cdp = await env.host._browser.new_browser_cdp_session()
+        targets = (await cdp.send("Target.getTargets", {"filter": [{}]}))["targetInfos"]
+        await cdp.detach()
+        assert [t["url"] for t in targets if t["type"] == "browser_ui"] == []
+        assert any(t["type"] == "page" and t["url"] == page_task.meta["url"] for t in targets)
+        await env.close()
+
+    run(go())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import uuid
 import weakref
@@ -35,6 +36,60 @@ _CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-s
 
 # Hosts by event loop: Playwright objects belong to the loop that made them.
 _HOSTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BrowserHost] = weakref.WeakKeyDictionary()
+
+
+# Chromium's own window UI that headless Chrome still builds for every window, and Playwright
+# opens a window per context: each new context started two omnibox-popup WebUI pages
+# (chrome://omnibox-popup.top-chrome/, two renderers of their own) that no page needs. They cost
+# ~0.3 CPU-s a context and kept burning CPU while the context lived, which made 8 concurrent
+# episodes no faster than 1 on 2 cores (issue 45).
+_DISABLED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup")
+
+# Chromium keeps only the last `--disable-features` switch, and Playwright passes one of its
+# own before ours (features its driver needs off, e.g. with request routing): ours must repeat
+# them. Read from the installed driver; this copy (Playwright 1.65) stands in when it can't be.
+_PLAYWRIGHT_DISABLED_FEATURES = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose", "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable", "LensOverlay", "MediaRouter", "PaintHolding",
+    "ThirdPartyStoragePartitioning", "AvoidCorsURLLoaderRestartOnRedirect", "TcpPortRandomizationWin",
+    "OptimizationHints", "NetworkTimeServiceQuerying", "AimEnabled", "PreconnectToSearch",
+    "msForceBrowserSignIn", "msEdgeUpdateLaunchServicesPreferredVersion",
+)
+
+
+def _playwright_disabled_features() -> tuple[str, ...]:
+    """The features the installed Playwright driver disables at launch (its `disabledFeatures`
+    list), with the copy above added."""
+    found: list[str] = []
+    try:
+        import playwright
+
+        pkg = os.path.join(os.path.dirname(playwright.__file__), "driver", "package", "lib")
+        for rel in ("coreBundle.js", os.path.join("server", "chromium", "chromiumSwitches.js")):
+            path = os.path.join(pkg, rel)
+            if not os.path.isfile(path):
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                m = re.search(r"disabledFeatures\s*=\s*(?:\([^)]*\)\s*=>\s*)?\[(.*?)\]", f.read(), re.S)
+            if m:
+                found += re.findall(r"""["']([A-Za-z0-9_]+)["']""", m.group(1))
+                break
+    except Exception:  # noqa: BLE001 - the copy is enough
+        pass
+    return tuple(dict.fromkeys([*found, *_PLAYWRIGHT_DISABLED_FEATURES]))
+
+
+def launch_args(extra: Sequence[str] = ()) -> list[str]:
+    """Chromium switches of a launch: ours, then `extra`, with every `--disable-features`
+    (Playwright's, ours, `extra`'s) merged into one switch at the end, the one Chromium keeps."""
+    features = [*_playwright_disabled_features(), *_DISABLED_FEATURES]
+    rest = []
+    for a in extra:
+        if a.startswith("--disable-features="):
+            features += [f for f in a.split("=", 1)[1].split(",") if f]
+        else:
+            rest.append(a)
+    return [*rest, "--disable-features=" + ",".join(dict.fromkeys(features))]
 
 
 class BrowserUnavailableError(RuntimeError):
@@ -129,10 +184,9 @@ class BrowserHost:
                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost, EXCLUDE 127.0.0.1",
                 "--proxy-server=http://127.0.0.1:9",
                 self.marker,
-                *self.args,
             ]
             browser = await self._pw.chromium.launch(executable_path=self.executable_path,
-                                                     headless=True, args=args)
+                                                     headless=True, args=launch_args([*args, *self.args]))
         self.generation += 1
         gen = self.generation
         browser.on("disconnected", lambda _b: self._on_disconnected(gen))
