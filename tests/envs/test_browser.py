@@ -111,6 +111,55 @@ def test_each_action_type_on_a_local_page(page_task):
     run(go())
 
 
+TYPE_PAGE = """<!doctype html><html><body>
+<input id="a" type="text" value="old"><textarea id="t">old text</textarea>
+<input id="n" type="number"><input id="d" type="date"><input id="off" type="text" disabled value="x">
+<div id="ce" contenteditable="true" tabindex="0">editable</div>
+<p id="log"></p>
+<script>
+for (const id of ['a', 't', 'n', 'd'])
+  document.getElementById(id).addEventListener('input', (e) => {
+    document.getElementById('log').textContent += id + ':' + e.inputType + ';';
+  });
+</script></body></html>"""
+
+
+def test_type_replaces_the_text_of_each_kind_of_field_as_fill_does(tmp_path):
+    # Plain text fields take the one-call path; other fields go through Playwright's fill.
+    path = tmp_path / "type.html"
+    path.write_text(TYPE_PAGE)
+    task = Task(id="type", prompt="Type.", meta={"url": path.as_uri()})
+
+    async def go():
+        env = BrowserEnvironment(max_steps=20, action_timeout_s=1.0)
+        text = (await env.reset(task)).content
+        a, t, n, d = ids(text, 'text "old"'), ids(text, "textarea"), ids(text, "number"), ids(text, "date")
+        off, ce = ids(text, 'text "x"'), ids(text, "editable")
+        r = await env.step(Action(text=f'type {a} "new words"'))
+        assert 'input text "new words"' in r.observation.content and not r.info.get("failed_action")
+        r = await env.step(Action(text=f'type {t} "more text"'))
+        assert 'textarea "more text"' in r.observation.content
+        r = await env.step(Action(text=f'type {n} "42"'))
+        assert 'input number "42"' in r.observation.content
+        r = await env.step(Action(text=f'type {n} "abc"'))
+        assert r.info.get("failed_action") and "number" in r.observation.content.splitlines()[0]
+        r = await env.step(Action(text=f'type {d} "2024-05-06"'))
+        assert 'input date "2024-05-06"' in r.observation.content
+        r = await env.step(Action(text=f'type {off} "y"'))  # disabled: fill waits, then fails
+        assert r.info.get("failed_action") and r.observation.content.startswith(f"type [{off}] failed")
+        r = await env.step(Action(text=f'type {ce} "changed"'))
+        assert '"changed"' in r.observation.content and '"editable"' not in r.observation.content
+        # Text "" (as a parsed action: the text form needs some) clears the field (fill's Delete).
+        r = await env.step(Action(text="", value=BrowserAction(kind="type", target=a, text="")))
+        assert 'input text ""' in r.observation.content
+        log = await env.page.evaluate("document.getElementById('log').textContent")
+        assert log.startswith("a:insertText;t:insertText;n:insertText;d:"), log
+        assert log.endswith("a:deleteContentForward;"), log
+        await env.close()
+
+    run(go())
+
+
 def test_element_ids_are_stable_across_observations(page_task):
     async def go():
         env = BrowserEnvironment()
