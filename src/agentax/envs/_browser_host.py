@@ -43,7 +43,11 @@ _HOSTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BrowserHost] = weak
 # (chrome://omnibox-popup.top-chrome/, two renderers of their own) that no page needs. They cost
 # ~0.3 CPU-s a context and kept burning CPU while the context lived, which made 8 concurrent
 # episodes no faster than 1 on 2 cores (issue 45).
-_DISABLED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup")
+# Chromium also starts a spare renderer after each navigation for the next one, but a spare
+# serves only its own context and each episode opens a new one: every reset started a renderer
+# that no page ever used (2 processes a reset instead of 1, ~40 ms of CPU).
+_DISABLED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "WebUIOmniboxFullPopup",
+                      "SpareRendererForSitePerProcess")
 
 # Chromium keeps only the last `--disable-features` switch, and Playwright passes one of its
 # own before ours (features its driver needs off, e.g. with request routing): ours must repeat
