@@ -12,6 +12,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   command -v bwrap >/dev/null || missing+=(bubblewrap util-linux)
   command -v chromium >/dev/null || missing+=(chromium)
+  # BrowserEnvironment's browser: Chromium's headless-only build, lighter per episode.
+  command -v chromium-headless-shell >/dev/null || missing+=(chromium-headless-shell)
   if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
   fi

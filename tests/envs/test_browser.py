@@ -423,3 +423,14 @@ def test_a_context_opens_only_its_page_no_browser_ui(page_task):
             await env.close()
 
     run(go())
+
+
+def test_the_headless_shell_is_preferred_where_installed(monkeypatch):
+    from agentax.envs import _browser_host
+
+    monkeypatch.delenv("AGENTAX_CHROMIUM", raising=False)
+    installed = {"chromium": "/usr/bin/chromium", "chromium-headless-shell": "/usr/bin/chromium-headless-shell"}
+    monkeypatch.setattr(_browser_host.shutil, "which", installed.get)
+    assert _browser_host.find_chromium() == "/usr/bin/chromium-headless-shell"
+    del installed["chromium-headless-shell"]
+    assert _browser_host.find_chromium() == "/usr/bin/chromium"

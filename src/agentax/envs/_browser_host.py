@@ -10,9 +10,10 @@ crash, the episodes whose contexts lived in it fail (`is_current(generation)` tu
 environment ends them as ENV_ERROR and counts them here), and the next `new_context` launches a
 fresh browser. Every launch runs under a timeout.
 
-Chromium is found from `AGENTAX_CHROMIUM`, then `chromium`, `chromium-browser`,
-`google-chrome` on PATH; `check_browser_available()` raises `BrowserUnavailableError` with a
-one-line fix when Chromium or the `playwright` package is missing.
+Chromium is found from `AGENTAX_CHROMIUM`, then `chromium-headless-shell` (the lighter
+headless-only build), `chromium`, `chromium-browser`, `google-chrome` on PATH;
+`check_browser_available()` raises `BrowserUnavailableError` with a one-line fix when Chromium
+or the `playwright` package is missing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ __all__ = ["BrowserHost", "BrowserUnavailableError", "browser_host", "check_brow
            "find_chromium", "shutdown_browser"]
 
 
-_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Debian's `chromium-headless-shell` first: Chromium's headless-only build (what Playwright itself
+# runs headless), without the browser window and its UI that full Chromium builds for every
+# context; an episode's reset costs ~40 % less CPU with it (~320 -> ~200 ms, issue 45).
+_CANDIDATES = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome",
+               "google-chrome-stable")
 
 # Hosts by event loop: Playwright objects belong to the loop that made them.
 _HOSTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BrowserHost] = weakref.WeakKeyDictionary()
@@ -123,7 +128,8 @@ def find_chromium(executable_path: str | None = None) -> str:
         if found:
             return found
     raise BrowserUnavailableError(
-        "BrowserEnvironment needs Chromium: run `apt-get install chromium` as root on Debian/Ubuntu "
+        "BrowserEnvironment needs Chromium: run `apt-get install chromium chromium-headless-shell` "
+        "as root on Debian/Ubuntu "
         "(bash scripts/setup.sh does it), or set AGENTAX_CHROMIUM=/path/to/chrome"
     )
 
