@@ -104,5 +104,7 @@ if __name__ == "__main__":
     if not args.quick:
         out = Path(__file__).parent / "results" / "browser.json"
         out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(figures, indent=2) + "\n")
+        # The recipe's figures come from another (long) run: a run without --recipe-run keeps them.
+        kept = json.loads(out.read_text()) if out.exists() else {}
+        out.write_text(json.dumps({**kept, **figures}, indent=2) + "\n")
     print(json.dumps(figures))
