@@ -19,6 +19,7 @@ or the `playwright` package is missing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import shutil
@@ -66,6 +67,7 @@ _PLAYWRIGHT_DISABLED_FEATURES = (
 )
 
 
+@functools.cache
 def _playwright_disabled_features() -> tuple[str, ...]:
     """The features the installed Playwright driver disables at launch (its `disabledFeatures`
     list), with the copy above added."""
