@@ -43,6 +43,9 @@ Workloads (same model, same kernels, measured in one run, per model preset):
 * --paging-study — decode call cost of the engine's paged kernel (16-token pages in random
   order, read in place by the ragged attention) over its slot-layout kernel, same model and
   filled length (span 128 for rows), at 8 fused steps (`paged_over_bucket_cost`) and 1.
+* publish_extra_bytes_over_weights — bytes a weight publication allocates beyond the engine's
+  own weights (XLA's memory analysis of the in-place write at Qwen3-0.6B shapes, bfloat16
+  engine, float32 master), over those weights; the former cast-and-swap path: 1.0. Full run.
 * straggler_decode_cost — a paged decode call (8 steps, tiny model, 32 slots, max_seq_len
   8,192, process CPU time, median of interleaved calls) with 31 rows at 128 tokens and one
   at 4,096, over all 32 at 128. Goal <= 1.5. `straggler_tokens_read_ratio` is the ratio of
@@ -848,6 +851,28 @@ def straggler_study(model, batch=32, short=128, long=4096, max_seq_len=8192, cal
     return out
 
 
+def publish_memory(cfg: ModelConfig) -> dict:
+    """What a weight publication allocates beyond the engine's weights (XLA's memory analysis
+    of the engine's in-place write, lowered on abstract arrays at `cfg`'s shapes: a bfloat16
+    engine fed a float32 master, as the pipeline publishes), over the engine's weight bytes.
+    The former path (a cast copy swapped in) allocated one whole copy: 1.0."""
+    from jax.sharding import SingleDeviceSharding
+
+    from agentax.engine._kernels import weight_writer
+
+    shapes = jax.tree.leaves(nnx.state(nnx.eval_shape(lambda: Transformer(
+        dataclasses.replace(cfg, dtype="bfloat16", param_dtype="bfloat16"),
+        rngs=nnx.Rngs(0)))))
+    old = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in shapes]
+    new = [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in shapes]
+    place = SingleDeviceSharding(jax.devices()[0])
+    mem = weight_writer([place] * len(old)).lower(old, new).compile().memory_analysis()
+    weights = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in old)
+    extra = mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+    return {"publish_extra_bytes_over_weights": round(extra / weights, 4),
+            "publish_engine_weight_bytes_qwen3_0_6b": weights}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
@@ -929,6 +954,8 @@ def main() -> None:
         long, max_prefill_rows=8, prefill_chunk=512, min_prefill_bucket=512).kernel_shapes())
     figures["engine_kernels_qwen3_0_6b_32k_rows"] = len(dataclasses.replace(
         long, kv_cache_tokens=0).kernel_shapes())
+    if not args.quick:  # ~5 s of compiling; quick has no room for it
+        figures.update(publish_memory(ModelConfig.qwen3_0_6b()))
     figures["workload"] = (
         f"lognormal outputs (median {MEDIAN_LEN}, sigma {SIGMA}, cap {MAX_TOKENS}), prompts "
         "16-64, arrival order fixed; 4-turn episodes, 50 ms tools"

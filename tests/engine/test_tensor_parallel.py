@@ -99,6 +99,14 @@ SCRIPT = textwrap.dedent(
         assert run(engine) == want_master
         assert engine.num_compiles == compiled
         assert all(set(w.sharding.device_set) == engine_devices for w in engine._weights)
+        # In place (what the pipeline does with an agentax trainer): written into the
+        # engine's own shards, the same layout, so again nothing of the engine recompiles.
+        layout = [w.sharding for w in engine._weights]
+        for version in (2, 3):
+            engine.update_weights(Trainer().params_for_engine(), version, in_place=True)
+        assert engine.policy_version == 3 and run(engine) == want_master
+        assert engine.num_compiles == compiled
+        assert [w.sharding for w in engine._weights] == layout
 
     try:
         Engine(Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0)),

@@ -133,6 +133,59 @@ def test_a_bf16_engine_gets_bf16_weights_from_an_fp32_master_without_recompiling
         engine.shutdown()
 
 
+def test_an_in_place_publication_writes_into_the_engines_own_buffers_without_recompiling():
+    """The pipeline's publisher writes a float32 master into a bfloat16 engine's buffers (one
+    donated kernel): from the second publication on the buffers stay where they are, nothing
+    compiles, the engine decodes exactly as a fresh engine over the same weights, and the
+    model the engine was built from is never donated."""
+    from agentax.pipeline import Placement
+
+    model = _bf16_model()
+    first_leaf = jax.tree.leaves(nnx.state(model))[0]
+    engine = Engine(model, EngineConfig(max_slots=2, max_seq_len=64, prefill_chunk=16))
+    publish = Placement.colocated().publisher()
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    try:
+        engine.generate_batch([[1, 2, 3]], greedy)
+        compiles = engine.num_compiles
+        trainer = RLTrainer(model, base_config(learning_rate=1e-2))
+        pointers, writes = [], []
+        for version in (1, 2, 3):
+            trainer.step(make_groups(seed=version))
+            publish(trainer, engine, version)  # returns once written: the next step may donate
+            pointers.append([w.unsafe_buffer_pointer() for w in engine._weights])
+            writes.append(engine._runner._writer._cache_size())
+            master = trainer.params_for_engine(jnp.float32)
+            for w, m in zip(engine._weights, jax.tree.leaves(master)):
+                assert w.dtype == jnp.bfloat16
+                np.testing.assert_array_equal(np.asarray(w), np.asarray(m.astype(jnp.bfloat16)))
+        assert pointers[1] == pointers[2]  # written in place
+        assert writes[1] == writes[2]  # the write kernel compiled once, at the first write
+        out = engine.generate_batch([[1, 2, 3]], greedy)[0]
+        assert out.versions.tolist() == [3] * len(out.versions)
+        assert engine.num_compiles == compiles  # no engine kernel recompiled
+        np.asarray(first_leaf)  # the model's own arrays were copied, not donated
+    finally:
+        engine.shutdown()
+    fresh = Engine(trainer.export_model(), EngineConfig(max_slots=2, max_seq_len=64,
+                                                        prefill_chunk=16))
+    try:
+        np.testing.assert_array_equal(fresh.generate_batch([[1, 2, 3]], greedy)[0].token_ids,
+                                      out.token_ids)
+    finally:
+        fresh.shutdown()
+
+
+def test_an_in_place_publication_to_a_stopped_engine_raises():
+    from agentax.engine import EngineClosed
+
+    model = _bf16_model()
+    engine = Engine(model, EngineConfig(max_slots=2, max_seq_len=64, prefill_chunk=16))
+    engine.shutdown()
+    with pytest.raises(EngineClosed):
+        engine.update_weights(nnx.state(model), 1, in_place=True)
+
+
 def test_a_released_trainer_precompiles_from_shapes_and_steps_after_load_weights():
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(

@@ -41,7 +41,7 @@ from agentax.engine._requests import (
     _Request,
     _resolve,
 )
-from agentax.engine._runner import Runner
+from agentax.engine._runner import InPlace, Runner
 from agentax.engine._scheduler import Scheduler
 from agentax.engine._telemetry import Telemetry
 from agentax.records import Completion, SamplingParams
@@ -272,15 +272,30 @@ class Engine:
         if sequence_id is not None:
             self._post("release", int(sequence_id), check=False)
 
-    def update_weights(self, state_or_model: Any, version: int) -> None:
+    def update_weights(self, state_or_model: Any, version: int, *, in_place: bool = False,
+                       timeout_s: float = 600.0) -> None:
         """Swaps in new weights between two decode calls; in-flight requests continue.
 
-        Tokens sampled afterwards are tagged with `version`. Non-blocking.
+        Tokens sampled afterwards are tagged with `version`. Non-blocking by default: the
+        engine keeps the arrays it was given (in its own dtype; a cast makes new ones).
+
+        With `in_place=True` it blocks until the step thread, between two calls, has cast the
+        new values into the engine's own weight buffers (donated to one small kernel, compiled
+        once per source dtype): the engine never holds two versions, and the caller may reuse
+        or donate its arrays as soon as this returns (e.g. a trainer's float32 master, passed
+        uncast: `RLTrainer.params_for_engine(live=True)`). The first in-place write copies the
+        engine's weights once (they may be the model's own arrays); from then on none.
 
         Args:
           state_or_model: a `Transformer` of the same architecture, or its `nnx.State`
             (from `nnx.split(model)`), or the flat list of its parameter leaves.
           version: the policy version of these weights.
+          in_place: write into the engine's buffers and wait for it (see above).
+          timeout_s: with `in_place`, how long to wait for the step thread.
+
+        Raises:
+          EngineError / EngineClosed: (`in_place`) the engine failed or was shut down first.
+          TimeoutError: (`in_place`) the step thread did not take the weights in `timeout_s`.
         """
         model_def = self._runner.model_def
         if isinstance(state_or_model, nnx.Module):
@@ -292,8 +307,33 @@ class Engine:
             leaves, treedef = state_or_model, model_def.treedef
         else:
             leaves, treedef = jax.tree.flatten(state_or_model)
-        self._runner.stage_weights(self._runner.check_and_place(leaves, treedef), version)
+        placed = self._runner.check_and_place(leaves, treedef, cast=not in_place)
+        if not in_place:
+            self._runner.stage_weights(placed, version)
+            self._wake.set()
+            return
+        if self._error is not None:
+            raise EngineError(f"the engine failed: {type(self._error).__name__}: "
+                              f"{self._error}") from self._error
+        if self._closing:
+            raise EngineClosed("the engine is shut down")
+        request = InPlace()
+        self._runner.stage_weights(placed, version, request)
         self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while not request.done.wait(0.05):
+            if not self._thread.is_alive():  # died or stopped before taking them
+                self._runner.drop_staged("the engine stopped")
+            elif time.monotonic() > deadline:
+                self._runner.drop_staged("timed out")
+                raise TimeoutError(f"update_weights(in_place=True): the engine's step thread did "
+                                   f"not take the weights within {timeout_s:g} s")
+        if request.failure in (None, "superseded"):
+            return
+        if self._error is not None:
+            raise EngineError(f"the engine failed: {type(self._error).__name__}: "
+                              f"{self._error}") from self._error
+        raise EngineClosed(f"update_weights(in_place=True): weights not written ({request.failure})")
 
     @property
     def mesh(self):
@@ -471,6 +511,7 @@ class Engine:
         finally:
             self._closing = True
             self._compiled.set()
+            self._runner.drop_staged("the engine stopped")  # an in-place caller returns
             if self._error is not None:
                 err: BaseException = EngineError(
                     f"the engine step loop failed: {type(self._error).__name__}: {self._error}"

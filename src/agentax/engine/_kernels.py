@@ -3,7 +3,8 @@
 Both take `(model_def, weights, cache, ...)` where `model_def` (a `ModelDef`: graphdef and
 treedef, hashed once) is static and `weights` is the flat list of parameter arrays
 (`jax.tree.leaves(state)`: a plain list keeps per-call dispatch in JAX's C++ fast path). They
-donate the cache (updated in place) and never the weights (the trainer may share them).
+donate the cache (updated in place) and never the weights (the trainer may share them; an
+in-place publication writes new values into the engine's own buffers with `weight_writer`).
 `attend_len` (static) is the attention span: prefill compiles once per (row bucket, chunk
 bucket, span bucket) it meets, decode once per span bucket.
 
@@ -17,6 +18,7 @@ or once (decode), whatever max_seq_len is.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -231,6 +233,19 @@ def copy_pages(pool: KVCache, src_n: jax.Array, dst_n: jax.Array) -> KVCache:
         return p.at[dst_n].set(p[jnp.minimum(src_n, p.shape[0] - 1)], mode="drop")
 
     return KVCache(tuple(map(copy, pool.k)), tuple(map(copy, pool.v)))
+
+
+def weight_writer(shardings: list) -> Any:
+    """A jitted `write(old, new)`: `new` cast to `old`'s dtypes and written into `old`'s
+    buffers (donated: the result aliases them, so a publication holds no second copy of the
+    engine's weights), laid out on `shardings` (the engine's own, so no kernel recompiles for
+    another spelling of the same layout). Compiled once per source dtypes, never per version."""
+    return jax.jit(_write_weights, donate_argnums=(0,), keep_unused=True,  # kept: donated
+                   out_shardings=list(shardings))
+
+
+def _write_weights(old: list, new: list) -> list:
+    return [n.astype(o.dtype) for o, n in zip(old, new)]
 
 
 def _merge(model_def: ModelDef, weights):

@@ -17,12 +17,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from agentax.engine._config import PAGE, EngineConfig
 from agentax.engine._kernels import (ModelDef, compiled_count, copy_pages, decode_steps,
-                                     decode_steps_paged, prefill_chunk, prefill_chunk_paged)
+                                     decode_steps_paged, prefill_chunk, prefill_chunk_paged,
+                                     weight_writer)
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
 from agentax.models import KVCache, init_cache, kv_cache_bytes, make_mesh, param_shardings
 
-__all__ = ["Runner"]
+__all__ = ["InPlace", "Runner"]
 
 
 class Runner:
@@ -76,14 +77,18 @@ class Runner:
         self._table_version = -1
         self._sampling_version = -1
         self._sampling_dev: tuple[RowSampling, jax.Array] | None = None
-        self._pending: tuple[list, int] | None = None
+        self._pending: tuple[list, int, InPlace | None] | None = None
         self._pending_lock = threading.Lock()
+        self._writer = None  # the in-place weight write, jitted for this engine's layout
+        self.owns_weights = False
+        """Whether only the engine holds `weights` (then a publication may write into them):
+        not the model's arrays it was built from, nor arrays a caller staged."""
         self.compile_s = 0.0
         """Wall time of kernel calls that compiled (precompile included)."""
 
     # ------------------------------------------------------------------ weights
 
-    def check_and_place(self, leaves, treedef) -> list:
+    def check_and_place(self, leaves, treedef, *, cast: bool = True) -> list:
         if treedef != self.model_def.treedef or len(leaves) != len(self.weights):
             raise ValueError(
                 "update_weights: the state's tree differs from the engine's model; pass the "
@@ -95,14 +100,25 @@ class Runner:
         # In the engine's own dtype (a trainer's float32 master copy reaches a bfloat16 engine
         # as bfloat16; cast before the move, so fewer bytes travel) and onto its own placement
         # (a no-op when already there): the compiled kernels are reused whatever dtype,
-        # device or committedness the new arrays had.
-        return [jax.device_put(_as_dtype(new, old.dtype), old.sharding)
+        # device or committedness the new arrays had. Without `cast` (an in-place write casts
+        # in its kernel), the arrays keep their dtype.
+        return [jax.device_put(_as_dtype(new, old.dtype) if cast else new, old.sharding)
                 for new, old in zip(leaves, self.weights)]
 
-    def stage_weights(self, leaves: list, version: int) -> None:
-        """Queues new weights; `apply_staged` swaps them in (safe from any thread)."""
+    def stage_weights(self, leaves: list, version: int, in_place: InPlace | None = None) -> None:
+        """Queues new weights; `apply_staged` swaps them in, or with `in_place` writes them
+        into the engine's own buffers and then sets `in_place.done` (safe from any thread)."""
         with self._pending_lock:
-            self._pending = (list(leaves), int(version))
+            replaced, self._pending = self._pending, (list(leaves), int(version), in_place)
+        if replaced is not None and replaced[2] is not None:
+            replaced[2].finish("superseded")  # its caller returns; the newer version applies
+
+    def drop_staged(self, why: str) -> None:
+        """Forgets staged weights (the engine stops); an in-place caller is told `why`."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None and pending[2] is not None:
+            pending[2].finish(why)
 
     def apply_staged(self) -> int | None:
         """Swaps in staged weights; returns their version (None if nothing was staged)."""
@@ -110,7 +126,23 @@ class Runner:
             return None
         with self._pending_lock:
             pending, self._pending = self._pending, None
-        self.weights, version = pending
+        leaves, version, in_place = pending
+        if in_place is None:
+            self.weights, self.owns_weights = leaves, False  # the caller may hold them
+            return version
+        try:
+            # The first write goes into a copy (the current buffers may be the model's own);
+            # from then on into the engine's buffers, donated: no second copy of the weights.
+            old = self.weights if self.owns_weights else [
+                jax.device_put(w, w.sharding, may_alias=False) for w in self.weights]
+            if self._writer is None:
+                self._writer = weight_writer([w.sharding for w in self.weights])
+            self.weights = jax.block_until_ready(self._writer(old, leaves))
+            self.owns_weights = True
+        except BaseException as exc:
+            in_place.finish(f"{type(exc).__name__}: {exc}")
+            raise  # the old buffers may be gone: the engine stops with the error
+        in_place.finish(None)
         return version
 
     # ------------------------------------------------------------------ kernels
@@ -265,3 +297,17 @@ def _page_pool(config, cfg: EngineConfig) -> KVCache:
     shape = (cfg.kv_pages, config.num_kv_heads, PAGE, config.head_dim)
     return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                    tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+
+
+class InPlace:
+    """A caller waiting for its weights to be written into the engine's buffers."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.failure: str | None = None
+        """None once written; "superseded" when newer weights replaced them before the write;
+        otherwise why they were not written."""
+
+    def finish(self, failure: str | None) -> None:
+        self.failure = failure
+        self.done.set()

@@ -46,6 +46,7 @@ from agentax._executors import set_stage_threads
 from agentax.pipeline._accounting import Accounting
 from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
 from agentax.pipeline._config import PipelineConfig
+from agentax.pipeline._placement import publish_into
 from agentax.pipeline._staleness import StalenessGate, StragglerLimit
 from agentax.records import Group, Task, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector, episode_seed
@@ -130,8 +131,10 @@ class Pipeline:
       on_trained: called with each `StepRecord` and the groups that step trained on, just
         before `on_step`; e.g. to keep transcripts of trained episodes.
       publish: how weights reach the engine, `publish(trainer, engine, version)`; default
-        `engine.update_weights(trainer.params_for_engine(), version)` (a pointer swap when
-        colocated; pass a resharding publisher for disaggregated placement).
+        `publish_into`: an agentax `Engine` and trainer write in place
+        (`engine.update_weights(trainer.params_for_engine(live=True), version,
+        in_place=True)`), anything else gets `engine.update_weights(
+        trainer.params_for_engine(), version)`.
       start_version / start_group: where a resumed run continues.
     """
 
@@ -669,4 +672,4 @@ class _Running:
 
 
 def _publish_colocated(trainer: Any, engine: Any, version: int) -> None:
-    engine.update_weights(trainer.params_for_engine(), version)
+    publish_into(trainer, engine, version)

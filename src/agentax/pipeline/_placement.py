@@ -1,8 +1,10 @@
 """Where the engine and the trainer live, and how weights travel between them.
 
-* **colocated** — trainer and engine share devices. Publishing hands the engine the trainer's
-  freshly copied parameters on the same devices: an on-device copy (the train step donates its
-  own buffers, so the engine must not alias them), no host round trip and no reshard.
+* **colocated** — trainer and engine share devices. Publishing writes the trainer's
+  parameters into the engine's own weight buffers on the same devices (cast to the engine's
+  dtype in one donated kernel between two engine calls: the engine never holds two versions,
+  and the train step, which donates its own buffers, may run as soon as it returns), no host
+  round trip and no reshard.
 * **disaggregated** — the trainer's mesh and the engine's device are disjoint subsets of the
   same device list. Publishing reshards: `jax.device_put` moves each parameter from the
   trainer's sharding onto the engine's device, between two decode steps.
@@ -26,6 +28,9 @@ from typing import Any, Literal
 import jax
 from flax import nnx
 from jax.sharding import Mesh
+
+from agentax.engine import Engine
+from agentax.train import RLTrainer, SFTTrainer
 
 __all__ = ["Placement"]
 
@@ -88,19 +93,25 @@ class Placement:
 
     def publisher(self):
         """The `publish(trainer, engine, version)` callable for `Pipeline`."""
-        device = self.engine_device
 
         def publish(trainer: Any, engine: Any, version: int) -> None:
-            state = trainer.params_for_engine()
-            if self.engine_mesh is not None:
-                # The engine puts each parameter onto its own sharding (a reshard per tensor).
-                engine.update_weights(state, version)
-                return
-            if self.kind == "disaggregated" or _devices_of(state) != {device}:
-                state = jax.device_put(state, device)  # reshard onto the engine's device
-            engine.update_weights(state, version)
+            # The engine puts each parameter onto its own sharding: a move onto its device
+            # (disaggregated), or a reshard per tensor onto its mesh; nothing when colocated.
+            publish_into(trainer, engine, version)
 
         return publish
+
+
+def publish_into(trainer: Any, engine: Any, version: int) -> None:
+    """Publishes the trainer's weights to the engine. An agentax `Engine` fed by an agentax
+    trainer takes them in place (`Engine.update_weights(..., in_place=True)`: written into the
+    engine's own buffers and cast there, so no second copy of the weights is held; the trainer
+    waits for the engine's current call to end); anything else gets `update_weights(
+    trainer.params_for_engine(), version)`."""
+    if isinstance(engine, Engine) and isinstance(trainer, (RLTrainer, SFTTrainer)):
+        engine.update_weights(trainer.params_for_engine(live=True), version, in_place=True)
+    else:
+        engine.update_weights(trainer.params_for_engine(), version)
 
 
 def _engine_mesh(devices: Sequence[Any], n: int) -> Mesh | None:
@@ -109,10 +120,3 @@ def _engine_mesh(devices: Sequence[Any], n: int) -> Mesh | None:
     if n < 1 or n > len(devices):
         raise ValueError(f"engine_devices={n} needs {n} devices, have {len(devices)}")
     return make_mesh(tensor=n, devices=devices[:n]) if n > 1 else None
-
-
-def _devices_of(tree: Any) -> set:
-    out: set = set()
-    for leaf in jax.tree.leaves(tree):
-        out |= set(leaf.devices())
-    return out

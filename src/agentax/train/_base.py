@@ -289,7 +289,7 @@ class TrainerBase:
         """The current policy as a module (with LoRA adapters when on), on fresh buffers."""
         return nnx.merge(self._graphdefs.model, _copy(self._params["model"]), _copy(self._rest))
 
-    def params_for_engine(self, dtype=None) -> nnx.State:
+    def params_for_engine(self, dtype=None, *, live: bool = False) -> nnx.State:
         """Parameter state of a plain `Transformer(model_config)`: LoRA merged (in float32,
         rounded once), in the model's own dtype (the master copy may be float32).
 
@@ -300,8 +300,16 @@ class TrainerBase:
         `nnx.merge(nnx.split(engine_model)[0], state)` or `nnx.update(engine_model, state)`.
         With several processes (a collective: every process calls it), each process gets the
         whole state on its first local device, for its own engine (gathered per tensor).
+
+        `live=True` returns the trainer's own arrays instead (no copy, no cast: a float32
+        master stays float32; LoRA is still merged into new arrays), valid only until the
+        next train step donates them: for a consumer that copies them at once, as
+        `Engine.update_weights(state, version, in_place=True)` does.
         """
         self._check_live("params_for_engine")
+        if live and self.config.lora is None and not is_multiprocess():
+            return nnx.merge_state(self._params["model"], self._rest) if jax.tree.leaves(
+                self._rest) else self._params["model"]
         return _localize(self._engine_state(dtype))
 
     def _engine_state(self, dtype=None, *, take: bool = False) -> nnx.State:
