@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import os
 import random
 import threading
 import time
@@ -67,6 +68,9 @@ def swallows_cancel(**kwargs):
 
 class _BlocksTheLoop(CalculatorEnvironment):
     async def _step(self, action):
+        marker = os.environ.get("AGENTAX_TEST_BLOCKED_MARKER")
+        if marker:  # tells a test the loop is blocked from now on
+            open(marker, "a").close()
         time.sleep(3600)  # the bug: a blocking call inside an async method
 
 

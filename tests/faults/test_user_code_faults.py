@@ -96,14 +96,16 @@ def test_a_loop_blocked_for_good_ends_the_process(tmp_path):
     _one_error(out.stderr, "event loop was blocked", "_BlocksTheLoop.step", "stayed blocked")
 
 
-def test_sigterm_while_the_loop_is_blocked_is_honoured(tmp_path):
+def test_sigterm_while_the_loop_is_blocked_is_honoured(tmp_path, monkeypatch):
+    blocked = tmp_path / "blocked"  # the environment writes it as it blocks the loop
+    monkeypatch.setenv("AGENTAX_TEST_BLOCKED_MARKER", str(blocked))
     proc = start(["train", *TINY, "run.steps=2", f"run.runs_dir={tmp_path}", "run.name=b",
                   *user_fault("blocks_the_loop"), "pipeline.loop_block_limit_s=600"])
-    trace = tmp_path / "b" / "trace.perfetto-trace"
-    deadline = time.monotonic() + 120
-    while not trace.exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 180
+    while not blocked.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
-    time.sleep(3)  # the first steps block the loop by now
+    assert blocked.exists(), "the run never reached an environment step"
+    time.sleep(0.5)
     t0 = time.monotonic()
     code, _, err = send(proc, signal.SIGTERM, timeout=60)
     assert code == 143 and time.monotonic() - t0 < 30
