@@ -112,7 +112,14 @@ class _EngineActor:
                       for leaf, part in whole]
             return jax.block_until_ready(placed)
 
-        placed = await asyncio.to_thread(copy)
+        if not pieces and all(_aliases(current[leaf].sharding) for leaf, _ in whole):
+            # Object-store memory for a CPU device: handed to the engine as is, whose
+            # update_weights puts it on the device, aliasing it (no copy, nothing blocks; one
+            # pass over the leaves instead of two, the per-leaf cost being what a publication
+            # to several replicas on few cores spends beyond the transfer).
+            placed = [part.reshape(inc.spec[leaf][0]) for leaf, part in whole]
+        else:
+            placed = await asyncio.to_thread(copy)
         for (leaf, part), array in zip(whole, placed):
             inc.device[leaf] = array
             if keep:
@@ -167,7 +174,7 @@ class _EngineActor:
             return jax.block_until_ready(
                 [_on_device(buf, current[leaf].sharding) for leaf, buf in assembled])
 
-        for (leaf, _), array in zip(assembled, await asyncio.to_thread(place)):
+        for (leaf, _), array in zip(assembled, await asyncio.to_thread(place) if assembled else []):
             leaves[leaf] = array
         self.engine.update_weights(leaves, version)  # already placed: a pointer swap
         self._host, self._host_version = (host, version) if keep else (None, None)
@@ -210,6 +217,18 @@ class _Writable:
         self.__array_interface__ = interface
 
 
+def _aliases(sharding: Any) -> bool:
+    """Whether `_on_device` can alias host memory on `sharding` (the process's first CPU
+    device alone)."""
+    import jax  # noqa: PLC0415
+
+    devices = sharding.device_set
+    if len(devices) != 1:
+        return False
+    device = next(iter(devices))
+    return device.platform == "cpu" and device == jax.devices("cpu")[0]
+
+
 def _on_device(host: np.ndarray, sharding: Any) -> Any:
     """`host` on `sharding`. On a single CPU device the array aliases `host` (no copy): for
     object-store memory, every replica on a node then decodes from the node's one copy of
@@ -218,14 +237,11 @@ def _on_device(host: np.ndarray, sharding: Any) -> Any:
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    devices = sharding.device_set
-    if len(devices) == 1 and host.flags.c_contiguous:
-        device = next(iter(devices))
-        if device.platform == "cpu" and device == jax.devices("cpu")[0]:
-            try:  # (the engine's update_weights commits it to its device: still no copy)
-                return jnp.from_dlpack(np.asarray(_Writable(host)), copy=False)
-            except (BufferError, TypeError, ValueError, RuntimeError):
-                pass
+    if host.flags.c_contiguous and _aliases(sharding):
+        try:  # (the engine's update_weights commits it to its device: still no copy)
+            return jnp.from_dlpack(np.asarray(_Writable(host)), copy=False)
+        except (BufferError, TypeError, ValueError, RuntimeError):
+            pass
     return jax.device_put(host, sharding)
 
 

@@ -53,7 +53,7 @@ Range = tuple[int, int, int]  # (leaf index, first element, end element) of a fl
 class WeightSyncConfig:
     """How `EngineRouter` publishes weights to Ray engine replicas."""
 
-    chunk_bytes: int = 64 << 20
+    chunk_bytes: int = 128 << 20
     """Bytes per object-store chunk (small tensors are packed together, large ones split)."""
     max_chunks_in_flight: int = 4
     """Chunks put but not yet taken by every replica (bounds object-store memory)."""
