@@ -45,7 +45,8 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   filled length (span 128 for rows), at 8 fused steps (`paged_over_bucket_cost`) and 1.
 * publish_extra_bytes_over_weights — bytes a weight publication allocates beyond the engine's
   own weights (XLA's memory analysis of the in-place write at Qwen3-0.6B shapes, bfloat16
-  engine, float32 master), over those weights; the former cast-and-swap path: 1.0. Full run.
+  engine, float32 master), over those weights; the former cast-and-swap path: 1.0. Full run;
+  `--publish-memory` alone.
 * straggler_decode_cost — a paged decode call (8 steps, tiny model, 32 slots, max_seq_len
   8,192, process CPU time, median of interleaved calls) with 31 rows at 128 tokens and one
   at 4,096, over all 32 at 128. Goal <= 1.5. `straggler_tokens_read_ratio` is the ratio of
@@ -884,11 +885,16 @@ def main() -> None:
                         help="only compare a paged KV cache with span buckets (docs/engine.md)")
     parser.add_argument("--straggler-study", action="store_true",
                         help="only the ragged decode's cost with one long row (straggler)")
+    parser.add_argument("--publish-memory", action="store_true",
+                        help="only XLA's memory analysis of an in-place weight publication")
     parser.add_argument("--tp-study", action="store_true",
                         help="only tensor parallelism over fake CPU devices (set XLA_FLAGS)")
     args = parser.parse_args()
     if args.tp_study:
         print(json.dumps({k: round(v, 4) for k, v in tp_study(len(jax.devices())).items()}))
+        return
+    if args.publish_memory:
+        print(json.dumps(publish_memory(ModelConfig.qwen3_0_6b())))
         return
     if args.straggler_study:
         model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
