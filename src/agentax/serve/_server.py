@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import itertools
 import json
 import logging
@@ -433,7 +434,8 @@ async def shared_server(engine: Any, tokenizer: Any, *, tool_format: str = "herm
     """The training endpoint of `engine` on the running loop, started on first use.
 
     One server per (engine, event loop): every black-box episode of a run opens its session
-    on it. Sessions exist only when an episode opens them (`open_sessions=False`).
+    on it. Sessions exist only when an episode opens them (`open_sessions=False`). Starting
+    one freezes the heap built so far (`gc.freeze()`: out of the cyclic collector's scans).
     """
     loop = asyncio.get_running_loop()
     key = (id(engine), id(loop))
@@ -441,6 +443,12 @@ async def shared_server(engine: Any, tokenizer: Any, *, tool_format: str = "herm
     if entry is not None and entry[0]() is engine and entry[1]() is loop:
         server = entry[2]
     else:
+        # The heap the run built before its first black-box episode (JAX, the model, compiled
+        # kernels, tasks: ~0.2M objects) leaves the cyclic collector's reach, as `agentax
+        # train` does after start-up: an SDK agent's calls allocate several times a native
+        # episode's objects, and the full collections they set off scanned that heap on the
+        # loop (0.14 s each on a 2-core host, engine's step thread stalled for the GIL).
+        gc.freeze()
         server = ChatServer(engine, tokenizer, tool_format=tool_format,
                             template_kwargs=template_kwargs, open_sessions=False,
                             check_model=False, context_hint=TRAIN_CONTEXT_HINT)
