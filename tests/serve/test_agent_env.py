@@ -50,8 +50,8 @@ def test_sdk_agent_becomes_a_token_exact_trajectory(recording, tok):
 
 
 def test_the_episode_client_streams(recording, tok):
-    """The client handed to the agent (its HTTP transport is the SDK's aiohttp one when aiohttp is
-    installed) streams server-sent events, in consecutive episodes on one loop."""
+    """The client handed to the agent (its HTTP transport the loopback one, `serve._loopback`)
+    streams server-sent events, in consecutive episodes on one loop."""
     async def streamer(client, task):
         parts = []
         async for chunk in await client.chat.completions.create(

@@ -63,9 +63,11 @@ class _SharedClientState:
     """What every episode's `openai.AsyncOpenAI` of one event loop shares.
 
     * One HTTP connection pool (keep-alive connections reused across episodes; a fresh pool per
-      episode costs ~70 ms of TLS-context setup alone, even for plain http). It is the SDK's own
-      `DefaultAioHttpClient` (aiohttp as the httpx transport, `openai[aiohttp]`) when aiohttp is
-      installed: ~0.3 ms less CPU a call than the default httpx transport; else the default.
+      episode costs ~70 ms of TLS-context setup alone, even for plain http). Requests to the
+      engine's endpoint take the loopback transport (`agentax.serve._loopback`: plain HTTP/1.1
+      on kept-alive asyncio streams, ~0.3 ms less of the loop's time a call than aiohttp's,
+      itself ~0.3 ms less than httpx's own); any other request, the SDK's `DefaultAioHttpClient`
+      transport (`openai[aiohttp]`) when aiohttp is installed, else its default one.
     * The SDK's platform tag: a new client looks it up on its first request in a worker thread
       (`asyncify(get_platform)`), one thread hop per episode that costs GIL handoffs on the
       loop the engine's step thread shares; it is the same value for every client, so the first
@@ -79,9 +81,20 @@ class _SharedClientState:
         import openai
 
         try:
-            self.http = openai.DefaultAioHttpClient()
+            usual = openai.DefaultAioHttpClient()
         except RuntimeError:  # aiohttp not installed
-            self.http = openai.DefaultAsyncHttpxClient()
+            usual = openai.DefaultAsyncHttpxClient()
+        self.loopback: Any = None
+        httpx = _sdk_httpx(openai)
+        if httpx is not None:
+            from agentax.serve._loopback import loopback_transport
+
+            # usual._transport: the SDK client's own transport, for what the loopback one
+            # does not serve (another host, a streamed upload)
+            self.loopback = loopback_transport(httpx, usual._transport)
+            self.http = openai.DefaultAsyncHttpxClient(transport=self.loopback)
+        else:
+            self.http = usual
         self.platform: Any = None
 
     async def close_at_end(self) -> None:
@@ -90,8 +103,12 @@ class _SharedClientState:
         finally:
             await self.http.aclose()
 
-    def client(self, base_url: str, api_key: str, timeout_s: float | None) -> Any:
+    def client(self, base_url: str, api_key: str, timeout_s: float | None,
+               endpoint: tuple[str, int] | None = None) -> Any:
         import openai
+
+        if endpoint is not None and self.loopback is not None:
+            self.loopback.serve(*endpoint)
 
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
                                     timeout=timeout_s, http_client=self.http)
@@ -102,6 +119,20 @@ class _SharedClientState:
     def learn(self, client: Any) -> None:
         if self.platform is None:
             self.platform = getattr(client, "_platform", None)
+
+
+def _sdk_httpx(openai: Any) -> Any:
+    """The httpx module the SDK's clients are built on (`httpx2`, or `httpx` in older SDKs);
+    None when it cannot be told."""
+    import sys
+
+    for cls in openai.DefaultAsyncHttpxClient.__mro__:
+        if cls.__name__ == "AsyncClient":
+            module = sys.modules.get(cls.__module__.split(".")[0])
+            if all(hasattr(module, n) for n in ("AsyncBaseTransport", "AsyncByteStream", "Response",
+                                                "RequestNotRead", "ReadTimeout", "ReadError")):
+                return module
+    return None
 
 
 def _shared_client_state() -> _SharedClientState:
@@ -189,8 +220,9 @@ class OpenAIAgentEnvironment(Environment):
         status, reason, info = TrajectoryStatus.OK, "done", {}
         returned = None
         try:
-            returned = await asyncio.wait_for(self._run_agent(server.session_url(session), session.id,
-                                                             task, config), config.episode_timeout_s)
+            returned = await asyncio.wait_for(
+                self._run_agent(server.session_url(session), session.id, task, config,
+                                endpoint=(server.host, server.port)), config.episode_timeout_s)
         except TimeoutError:
             status, reason = TrajectoryStatus.TIMEOUT, "episode_timeout"
         except Exception as e:  # noqa: BLE001 - the agent's own failure is the episode's status
@@ -233,10 +265,11 @@ class OpenAIAgentEnvironment(Environment):
             return TrajectoryStatus.OK, f"reply_rejected:{rejected}"
         return TrajectoryStatus.ENV_ERROR, "agent_error"
 
-    async def _run_agent(self, base_url: str, api_key: str, task: Task, config: Any) -> float | None:
+    async def _run_agent(self, base_url: str, api_key: str, task: Task, config: Any,
+                         endpoint: tuple[str, int] | None = None) -> float | None:
         if self.run_fn is not None:
             shared = _shared_client_state()
-            client = shared.client(base_url, api_key, config.model_timeout_s)
+            client = shared.client(base_url, api_key, config.model_timeout_s, endpoint=endpoint)
             try:
                 return await self.run_fn(client, task)
             finally:
