@@ -113,3 +113,21 @@ def test_read_timeout_and_cancel_close_the_connection():
 
     ok, conns = asyncio.run(main())
     assert ok == "hello" and conns == 3  # neither broken connection went back to the pool
+
+
+def test_a_stalled_streamed_reply_times_out():
+    async def main():
+        server, port, _, _ = await serve([b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"])
+        transport = loopback_transport(httpx, Fallback())
+        transport.serve("127.0.0.1", port)
+        async with httpx.AsyncClient(transport=transport) as client:
+            async with client.stream("GET", f"http://127.0.0.1:{port}/",
+                                     timeout=httpx.Timeout(5, read=0.2)) as r:
+                got = []
+                with pytest.raises(httpx.ReadTimeout):
+                    async for piece in r.aiter_raw():
+                        got.append(piece)
+        server.close()
+        return got
+
+    assert asyncio.run(main()) == [b"abc"]

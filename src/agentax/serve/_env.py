@@ -86,7 +86,8 @@ class _SharedClientState:
             usual = openai.DefaultAsyncHttpxClient()
         self.loopback: Any = None
         httpx = _sdk_httpx(openai)
-        if httpx is not None:
+        if httpx is not None and isinstance(getattr(usual, "_transport", None),
+                                            httpx.AsyncBaseTransport):
             from agentax.serve._loopback import loopback_transport
 
             # usual._transport: the SDK client's own transport, for what the loopback one

@@ -40,28 +40,39 @@ def loopback_transport(httpx: Any, fallback: Any) -> Any:
     """
 
     class _Body(httpx.AsyncByteStream):
-        def __init__(self, owner: Any, conn: tuple, length: int | None, chunked: bool) -> None:
-            # conn: (reader, writer, (host, port))
+        def __init__(self, owner: Any, conn: tuple, length: int | None, chunked: bool,
+                     timeout: float | None) -> None:
+            # conn: (reader, writer, (host, port)); timeout: the request's read timeout, each read
             self.owner, self.conn, self.length, self.chunked = owner, conn, length, chunked
-            self.done = False
+            self.timeout, self.done = timeout, False
 
         async def __aiter__(self):
-            reader = self.conn[0]
+            reader, timeout = self.conn[0], self.timeout
             try:
                 if self.chunked:
                     while True:
-                        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-                        if size == 0:
-                            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                                pass  # trailers
-                            break
-                        yield (await reader.readexactly(size + 2))[:-2]
+                        async with asyncio.timeout(timeout):
+                            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+                            if size == 0:
+                                while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                                    pass  # trailers
+                                break
+                            data = await reader.readexactly(size + 2)
+                        yield data[:-2]
                 elif self.length is None:
-                    while data := await reader.read(1 << 16):
+                    while True:
+                        async with asyncio.timeout(timeout):
+                            data = await reader.read(1 << 16)
+                        if not data:
+                            break
                         yield data
                     self.length = -1  # read to the end: not reusable
                 elif self.length:
-                    yield await reader.readexactly(self.length)
+                    async with asyncio.timeout(timeout):
+                        data = await reader.readexactly(self.length)
+                    yield data
+            except TimeoutError as e:
+                raise httpx.ReadTimeout("the endpoint's reply stalled") from e
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
                 raise httpx.ReadError(f"reading the endpoint's reply: {e!r}") from e
             self.done = True
@@ -155,7 +166,7 @@ def loopback_transport(httpx: Any, fallback: Any) -> Any:
                 raise httpx.RemoteProtocolError(f"a malformed reply head: {head[:200]!r}") from e
             if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
                 length, chunked = 0, False
-            stream = _Body(self, (reader, writer, key), length, chunked)
+            stream = _Body(self, (reader, writer, key), length, chunked, timeouts.get("read"))
             if close:
                 stream.length = -1 if length is None or chunked else length
                 stream.owner = _Closing()
