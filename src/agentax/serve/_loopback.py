@@ -94,9 +94,10 @@ def loopback_transport(httpx: Any, fallback: Any) -> Any:
         def _release(self, conn: tuple) -> None:
             self._idle[conn[2]].append((conn[0], conn[1], time.monotonic()))
 
-        async def _connect(self, key: tuple[str, int], timeout: float | None) -> tuple[Any, Any, bool]:
+        async def _connect(self, key: tuple[str, int], timeout: float | None,
+                           fresh: bool = False) -> tuple[Any, Any, bool]:
             now, idle = time.monotonic(), self._idle[key]
-            while idle:
+            while idle and not fresh:
                 reader, writer, since = idle.pop()
                 if now - since < IDLE_S and not writer.is_closing() and not reader.at_eof():
                     return reader, writer, True
@@ -128,7 +129,8 @@ def loopback_transport(httpx: Any, fallback: Any) -> Any:
             lines.append(b"\r\n")
             message = b"".join(lines) + body
             for attempt in range(2):
-                reader, writer, reused = await self._connect(key, timeouts.get("connect"))
+                reader, writer, reused = await self._connect(key, timeouts.get("connect"),
+                                                             fresh=attempt > 0)
                 try:
                     writer.write(message)
                     async with asyncio.timeout(timeouts.get("read")):
