@@ -431,6 +431,27 @@ def test_the_headless_shell_is_preferred_where_installed(monkeypatch):
     monkeypatch.delenv("AGENTAX_CHROMIUM", raising=False)
     installed = {"chromium": "/usr/bin/chromium", "chromium-headless-shell": "/usr/bin/chromium-headless-shell"}
     monkeypatch.setattr(_browser_host.shutil, "which", installed.get)
+    monkeypatch.setattr(_browser_host, "_unwrapped", lambda path: path)  # see the test below
     assert _browser_host.find_chromium() == "/usr/bin/chromium-headless-shell"
     del installed["chromium-headless-shell"]
     assert _browser_host.find_chromium() == "/usr/bin/chromium"
+
+
+def test_a_launcher_script_that_does_not_exec_is_looked_through(tmp_path):
+    # Debian's /usr/bin/chromium-headless-shell runs the binary without `exec`: launched
+    # through it, the browser would be a child of a shell (the pid a crash is read from).
+    from agentax.envs._browser_host import _unwrapped
+
+    binary = tmp_path / "lib" / "chromium-headless-shell"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x7fELF not really")
+    binary.chmod(0o755)
+    wrapper = tmp_path / "chromium-headless-shell"
+    wrapper.write_text(f'#!/bin/sh -e\n\n{binary} "$@"\n')
+    wrapper.chmod(0o755)
+    assert _unwrapped(str(wrapper)) == str(binary)
+    other = tmp_path / "chromium"  # a script naming another binary is kept as it is
+    other.write_text(f'#!/bin/sh\nexec {binary} --flag "$@"\n')
+    other.chmod(0o755)
+    assert _unwrapped(str(other)) == str(other)
+    assert _unwrapped(str(binary)) == str(binary)

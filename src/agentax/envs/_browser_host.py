@@ -128,12 +128,36 @@ def find_chromium(executable_path: str | None = None) -> str:
     for name in _CANDIDATES:
         found = shutil.which(name)
         if found:
-            return found
+            return _unwrapped(found)
     raise BrowserUnavailableError(
         "BrowserEnvironment needs Chromium: run `apt-get install chromium chromium-headless-shell` "
         "as root on Debian/Ubuntu "
         "(bash scripts/setup.sh does it), or set AGENTAX_CHROMIUM=/path/to/chrome"
     )
+
+
+def _unwrapped(path: str) -> str:
+    """The browser binary a launcher script runs, when `path` is one (Debian's
+    /usr/bin/chromium-headless-shell is `/usr/lib/chromium/chromium-headless-shell "$@"`
+    without `exec`: launched through it, the browser is a child of a shell, whose pid is not
+    the browser's); `path` itself otherwise."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return path
+    if not head.startswith(b"#!"):
+        return path
+    name = os.path.basename(path)
+    for line in head.decode(errors="replace").splitlines()[1:]:
+        for token in line.split():
+            token = token.strip("\"'")
+            if (token.startswith("/") and os.path.basename(token) == name and token != path
+                    and os.path.isfile(token) and os.access(token, os.X_OK)):
+                with open(token, "rb") as f:
+                    if not f.read(2).startswith(b"#!"):
+                        return token
+    return path
 
 
 def check_browser_available(executable_path: str | None = None) -> str:
