@@ -216,7 +216,8 @@ def test_a_killed_browser_fails_only_its_episodes_and_restarts(page_task):
 
     async def go():
         started, go_on = threading.Event(), threading.Event()
-        t = threading.Thread(target=other_worker, args=(started, go_on), daemon=True)  # a failure must not hang the exit
+        # A daemon: if the test fails before releasing it, the process must still exit.
+        t = threading.Thread(target=other_worker, args=(started, go_on), daemon=True)
         t.start()
         envs = [BrowserEnvironment() for _ in range(3)]
         for env in envs:
