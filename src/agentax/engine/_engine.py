@@ -317,6 +317,9 @@ class Engine:
                               f"{self._error}") from self._error
         if self._closing:
             raise EngineClosed("the engine is shut down")
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("update_weights(in_place=True) waits for the engine's step "
+                               "thread: call it from another thread (or without in_place)")
         request = InPlace()
         self._runner.stage_weights(placed, version, request)
         self._wake.set()
