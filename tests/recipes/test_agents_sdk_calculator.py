@@ -9,7 +9,6 @@ episodes with trainable statuses; a miniature `agentax train` runs every stage.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import numpy as np
@@ -17,30 +16,23 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agentax.agents.testing import ScriptedEngine  # noqa: E402
 from agentax.cli import load_config, main  # noqa: E402
 from agentax.cli._build import build_suite_for  # noqa: E402
 from agentax.recipes import recipe_path, render_examples  # noqa: E402
-from agentax.records import SamplingParams, TrajectoryStatus  # noqa: E402
-from agentax.rollout import Collector, CollectorConfig  # noqa: E402
+from agentax.records import TrajectoryStatus  # noqa: E402
 from agentax.text import ByteTokenizer, format_tool_call  # noqa: E402
+from tests.recipes.scripted import recipe_suite, scripted_episode  # noqa: E402
 
 RECIPE = "agents_sdk_calculator"
 
 
 def _suite():
-    return build_suite_for(load_config(recipe_path(RECIPE), ["tasks.num_train=200", "tasks.num_eval=4"]))
+    return recipe_suite(RECIPE)
 
 
 def _episode(suite, task, replies, max_episode_tokens=220):
-    tok = ByteTokenizer()
-    engine = ScriptedEngine(replies, tokenizer=tok)
-    collector = Collector(engine, tok, suite.make_env, suite.make_agent,
-                          SamplingParams(temperature=1.0, max_tokens=64),
-                          CollectorConfig(max_turns=3, max_episode_tokens=max_episode_tokens))
-    traj = asyncio.run(collector.run_episode(task, seed=1, group_id="g"))
-    assert not engine.live_sequences
-    return traj
+    return scripted_episode(suite.make_env, suite.make_agent, task, replies, max_tokens=64,
+                            max_episode_tokens=max_episode_tokens)
 
 
 def _call(expr: str, name: str = "calc") -> str:

@@ -8,36 +8,24 @@ the warm start renders it, and the native agent's episode with the same tool lis
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
-from agentax.agents.testing import ScriptedEngine
 from agentax.cli import load_config
-from agentax.cli._build import build_suite_for
 from agentax.envs import ToolEnvironment
 from agentax.recipes import calculator_reward, recipe_path
 from agentax.recipes._render import render_examples
-from agentax.records import SamplingParams
-from agentax.rollout import Collector, CollectorConfig
 from agentax.text import ByteTokenizer, format_tool_call
 from agentax.tools import calculator
+from tests.recipes.scripted import recipe_suite, scripted_episode
 
 
 def _suite():
-    return build_suite_for(load_config(recipe_path("openai_calculator"),
-                                       ["tasks.num_train=200", "tasks.num_eval=4"]))
+    return recipe_suite("openai_calculator")
 
 
 def _episode(suite, env_factory, agent_factory, task, replies, max_episode_tokens):
-    tok = ByteTokenizer()
-    engine = ScriptedEngine(replies, tokenizer=tok)
-    collector = Collector(engine, tok, env_factory, agent_factory,
-                          SamplingParams(temperature=1.0, max_tokens=64),
-                          CollectorConfig(max_turns=3, max_episode_tokens=max_episode_tokens))
-    traj = asyncio.run(collector.run_episode(task, seed=1, group_id="g"))
-    assert not engine.live_sequences
-    return traj
+    return scripted_episode(env_factory, agent_factory, task, replies, max_tokens=64,
+                            max_episode_tokens=max_episode_tokens)
 
 
 def test_sdk_episode_is_the_warm_start_rendering_token_for_token():
