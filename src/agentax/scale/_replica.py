@@ -80,7 +80,8 @@ class _EngineActor:
         """Takes one chunk (element ranges of flat leaves) of the version being assembled.
 
         `parts` arrive read-only from the object store (zero-copy). A whole leaf goes straight
-        onto the engine's device (one copy; none on a CPU device, see `_on_device`); a piece of a leaf larger than a chunk is copied
+        onto the engine's device (one copy; none on a CPU device, where the engine's own
+        `update_weights` aliases it); a piece of a leaf larger than a chunk is copied
         into a host buffer, put on the device at commit. The copies run on a thread, so
         generation keeps going. A delta (`base_version` set) patches a copy of the host
         weights committed at `base_version`; `keep` keeps this version's host arrays as the
@@ -176,7 +177,8 @@ class _EngineActor:
 
         for (leaf, _), array in zip(assembled, await asyncio.to_thread(place) if assembled else []):
             leaves[leaf] = array
-        self.engine.update_weights(leaves, version)  # already placed: a pointer swap
+        # Placed, or object-store arrays a CPU device aliases: update_weights copies nothing.
+        self.engine.update_weights(leaves, version)
         self._host, self._host_version = (host, version) if keep else (None, None)
         return version
 
