@@ -75,6 +75,12 @@ class EngineConfig:
     and rows and the vocabulary by the trainer's partition rules, the KV cache by kv heads, so
     each device holds about 1/N of the weights and of the cache. The N devices from the
     model's first one (or the mesh given to `Engine`). num_kv_heads must divide by N."""
+    scan_layers: bool | Literal["auto"] = "auto"
+    """Run the decoder layers in the engine's kernels as one `lax.scan` over weights and a KV
+    cache held stacked along a layer axis (packed once per weight version), so kernel size
+    and compile time do not grow with depth. "auto": for models of SCAN_AUTO_MIN_LAYERS (5)
+    layers or more whose layers can be stacked (otherwise unrolled, logged why; with rows,
+    Gemma 3's layers of different windows stay unrolled). True: scan or raise why not."""
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
@@ -110,6 +116,8 @@ class EngineConfig:
             f"min_attend_bucket must be a power of two, got {self.min_attend_bucket}",
         )
         need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
+        need(self.scan_layers in (True, False, "auto"),
+             f"scan_layers must be True, False or 'auto', got {self.scan_layers!r}")
         need(self.tensor_parallel >= 1,
              f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         need(self.prefix_version_bound >= 0,

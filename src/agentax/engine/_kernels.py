@@ -13,6 +13,11 @@ pool [P, K, PAGE, H] and a page table [S, pages per slot]), with the ragged atte
 `agentax.models.paged_forward` / `paged_decode_step`: each row reads its own pages, for as
 many as it holds, so they take no span and compile once per row and chunk bucket (prefill)
 or once (decode), whatever max_seq_len is.
+
+Depth: with a `LayerStack` in its `ModelDef`, an engine holds its weights stacked (one
+[L, ...] array per per-layer parameter, packed once per installed or published version) and
+its cache as a `StackedKV`; the kernels then run the layers as one `lax.scan`, so their HLO
+and compile time do not grow with depth. Without one they run them as a Python loop.
 """
 
 from __future__ import annotations
@@ -26,28 +31,31 @@ from flax import nnx
 
 from agentax.engine._config import PAGE
 from agentax.engine._sampling import RowSampling, sample_tokens
-from agentax.models import KVCache
+from agentax.models import KVCache, LayerStack, StackedKV
 from agentax.models import PAGE as MODEL_PAGE
 from agentax.models import paged_decode_step, paged_forward, scatter_pages
 
 assert PAGE == MODEL_PAGE, "the engine's page size is the model code's"
 
 __all__ = ["ModelDef", "prefill_chunk", "decode_steps", "prefill_chunk_paged",
-           "decode_steps_paged", "copy_pages", "compiled_count"]
+           "decode_steps_paged", "copy_pages", "compiled_count", "weight_writer",
+           "weight_packer"]
 
 
 class ModelDef:
-    """A model's (graphdef, treedef) as a jit static argument, hashed once.
+    """A model's (graphdef, treedef) as a jit static argument, hashed once, and its
+    `LayerStack` when the engine holds the layers stacked (the kernels' `weights` are then
+    `stack.pack(leaves)`, not the flat leaves).
 
     jit hashes its static arguments on every call; flax's `GraphDef.__hash__` walks every node
     (measured 1.4 ms against 0.5 ms per call of the tiny model with the hash cached).
     """
 
-    __slots__ = ("graphdef", "treedef", "_hash")
+    __slots__ = ("graphdef", "treedef", "stack", "_hash")
 
-    def __init__(self, graphdef, treedef):
-        self.graphdef, self.treedef = graphdef, treedef
-        self._hash = hash((graphdef, treedef))
+    def __init__(self, graphdef, treedef, stack: LayerStack | None = None):
+        self.graphdef, self.treedef, self.stack = graphdef, treedef, stack
+        self._hash = hash((graphdef, treedef, stack))
 
     def __hash__(self) -> int:
         return self._hash
@@ -56,7 +64,24 @@ class ModelDef:
         return self is other or (
             isinstance(other, ModelDef) and self._hash == other._hash
             and self.graphdef == other.graphdef and self.treedef == other.treedef
+            and self.stack == other.stack
         )
+
+    def pack(self, leaves: list, dtypes: list | None = None) -> list:
+        """The kernels' weights from the model's flat leaves (traceable), each cast to
+        `dtypes` (per kernel weight) when given."""
+        if self.stack is not None:
+            return self.stack.pack(leaves, dtypes)
+        return list(leaves) if dtypes is None else [x.astype(d) for x, d in zip(leaves, dtypes)]
+
+    def unpack(self, weights: list) -> list:
+        """The model's flat leaves from the kernels' weights (traceable)."""
+        return list(weights) if self.stack is None else self.stack.unpack(weights)
+
+    def model(self, weights: list):
+        """The full `Transformer` (its layers unrolled) over the kernels' weights (traceable:
+        stacked weights are sliced), for passes other than the engine's kernels."""
+        return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, self.unpack(weights)))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7), donate_argnums=(2,))
@@ -131,7 +156,11 @@ def decode_steps(
     # sliced once, before the loop: sliced inside it, XLA copied it every step (on CPU, 13.2
     # against 8.0 ms per 8-step call at max_seq_len 1024, span 128; carrying the span through
     # the loop and writing it back measured 12.6).
-    span = KVCache(*(tuple(c[:, :, :attend_len] for c in part) for part in (cache.k, cache.v)))
+    if isinstance(cache, StackedKV):
+        span = StackedKV(cache.k[:, :, :, :attend_len], cache.v[:, :, :, :attend_len])
+    else:
+        span = KVCache(*(tuple(c[:, :, :attend_len] for c in part)
+                         for part in (cache.k, cache.v)))
     positions_s = state_4s[1]
 
     def step(model, tok, pos, fresh, i):
@@ -206,9 +235,12 @@ def decode_steps_paged(model_def, weights, pool: KVCache, table_sn, state_4s,
     own pages (`paged_decode_step`: its cost follows the sum of their lengths, not slots x
     the longest); the call's K/V are scattered to their pages after it."""
     start_s, active_s = state_4s[1], state_4s[2] != 0
-    fresh = KVCache(*(tuple(jnp.zeros((state_4s.shape[1], p.shape[1], num_steps, p.shape[3]),
-                                      p.dtype) for p in part)
-                      for part in (pool.k, pool.v)))
+    slots = state_4s.shape[1]
+    if isinstance(pool, StackedKV):
+        fresh = pool.fresh(num_steps, slots)
+    else:
+        fresh = KVCache(*(tuple(jnp.zeros((slots, p.shape[1], num_steps, p.shape[3]), p.dtype)
+                                for p in part) for part in (pool.k, pool.v)))
 
     def step(model, tok, pos, fresh, i):
         return paged_decode_step(model, tok, pos, pool, table_sn, fresh, i, start_s, active_s)
@@ -221,6 +253,9 @@ def decode_steps_paged(model_def, weights, pool: KVCache, table_sn, state_4s,
     def write(p, f):  # f [S, K, F, H]
         return scatter_pages(p, table_sn, positions, f.transpose(0, 2, 1, 3), t_max)
 
+    if isinstance(pool, StackedKV):  # every layer in one scatter
+        write = jax.vmap(write)
+        return out_tok, out_lp, counts, StackedKV(write(pool.k, fresh.k), write(pool.v, fresh.v))
     pool = KVCache(tuple(map(write, pool.k, fresh.k)), tuple(map(write, pool.v, fresh.v)))
     return out_tok, out_lp, counts, pool
 
@@ -232,23 +267,34 @@ def copy_pages(pool: KVCache, src_n: jax.Array, dst_n: jax.Array) -> KVCache:
     def copy(p):
         return p.at[dst_n].set(p[jnp.minimum(src_n, p.shape[0] - 1)], mode="drop")
 
+    if isinstance(pool, StackedKV):
+        return StackedKV(jax.vmap(copy)(pool.k), jax.vmap(copy)(pool.v))
     return KVCache(tuple(map(copy, pool.k)), tuple(map(copy, pool.v)))
 
 
-def weight_writer(shardings: list) -> Any:
-    """A jitted `write(old, new)`: `new` cast to `old`'s dtypes and written into `old`'s
-    buffers (donated: the result aliases them, so a publication holds no second copy of the
-    engine's weights), laid out on `shardings` (the engine's own, so no kernel recompiles for
-    another spelling of the same layout). Compiled once per source dtypes, never per version."""
-    return jax.jit(_write_weights, donate_argnums=(0,), keep_unused=True,  # kept: donated
+def weight_writer(model_def: ModelDef, shardings: list) -> Any:
+    """A jitted `write(old, new)`: the model's flat leaves `new`, cast to `old`'s dtypes and
+    packed into the kernels' layout (`model_def.pack`: stacked layers are cast before they
+    are stacked), written into `old`'s buffers (donated: the result aliases them, so a
+    publication holds no second copy of the engine's weights), laid out on `shardings` (the
+    engine's own, so no kernel recompiles for another spelling of the same layout). Compiled
+    once per source dtypes, never per version."""
+    def write(old: list, new: list) -> list:
+        return model_def.pack(new, [o.dtype for o in old])
+
+    return jax.jit(write, donate_argnums=(0,), keep_unused=True,  # kept: donated
                    out_shardings=list(shardings))
 
 
-def _write_weights(old: list, new: list) -> list:
-    return [n.astype(o.dtype) for o, n in zip(old, new)]
+def weight_packer(model_def: ModelDef, shardings: list) -> Any:
+    """A jitted `pack(leaves)`: the kernels' weights (stacked layers) as new buffers on
+    `shardings`, from the model's flat leaves already in the engine's dtypes."""
+    return jax.jit(model_def.pack, out_shardings=list(shardings))
 
 
 def _merge(model_def: ModelDef, weights):
+    if model_def.stack is not None:
+        return model_def.stack.merge(weights)
     return nnx.merge(model_def.graphdef, jax.tree.unflatten(model_def.treedef, weights))
 
 

@@ -6,6 +6,7 @@ the engine's step thread calls it (except `stage_weights`, safe from any thread)
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -18,12 +19,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from agentax.engine._config import PAGE, EngineConfig
 from agentax.engine._kernels import (ModelDef, compiled_count, copy_pages, decode_steps,
                                      decode_steps_paged, prefill_chunk, prefill_chunk_paged,
-                                     weight_writer)
+                                     weight_packer, weight_writer)
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
-from agentax.models import KVCache, init_cache, kv_cache_bytes, make_mesh, param_shardings
+from agentax.models import (SCAN_AUTO_MIN_LAYERS, KVCache, LayerStack, StackedKV, init_cache,
+                            kv_cache_bytes, make_mesh, param_shardings, plan_layer_stack)
 
 __all__ = ["InPlace", "Runner"]
+
+log = logging.getLogger(__name__)
 
 
 class Runner:
@@ -40,7 +44,9 @@ class Runner:
         self.config = cfg = config
         graphdef, state = nnx.split(model)
         weights, treedef = jax.tree.flatten(state)
-        self.model_def = ModelDef(graphdef, treedef)
+        stack, self.unrolled_reason = _layer_stack(model, cfg)
+        # unrolled_reason: why "auto" left a deep model's layers unrolled (None otherwise).
+        self.model_def = ModelDef(graphdef, treedef, stack)
         device = min(weights[0].sharding.device_set, key=lambda d: d.id)
         self.mesh = mesh = _engine_mesh(device, cfg, mesh, model.config)
         if mesh is None:
@@ -48,16 +54,29 @@ class Runner:
             # trainer (always committed) would otherwise recompile every kernel on first use.
             # A model sharded over a trainer's mesh is gathered onto the mesh's first device.
             self._place = jax.sharding.SingleDeviceSharding(device)
-            self.weights = [jax.device_put(w, w.sharding if w.sharding.device_set == {device}
-                                           else self._place) for w in weights]
+            leaves = [jax.device_put(w, w.sharding if w.sharding.device_set == {device}
+                                     and stack is None else self._place) for w in weights]
             kv = self._place
         else:
             # Tensor parallel: attention heads, MLP columns / rows and the vocabulary over the
             # 'tensor' axis (the trainer's rules); the K/V cache over its kv-head axis. XLA
             # inserts the collectives; host arrays (tables, sampling) are replicated.
             self._place = NamedSharding(mesh, P())
-            self.weights = jax.tree.leaves(jax.device_put(state, param_shardings(state, mesh)))
+            leaves = jax.tree.leaves(jax.device_put(state, param_shardings(state, mesh)))
             kv = NamedSharding(mesh, P(None, "tensor"))
+        # What a published leaf must be: the model's flat leaves' shapes, dtypes, placements.
+        self._leaves = [jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=w.sharding)
+                        for w in leaves]
+        self.weights = leaves
+        """The kernels' weights: the model's flat leaves, or with stacked layers
+        `model_def.pack(leaves)` (new buffers, packed once per version: the engine's own)."""
+        self._packer = None
+        if stack is not None:
+            shardings = stack.shardings([w.sharding for w in leaves])
+            self._packer = weight_packer(self.model_def, shardings)
+            self.weights = self._packer(leaves)
+            if mesh is not None:  # [L, ...]: the per-layer layout behind an unsharded axis
+                kv = NamedSharding(mesh, P(None, None, "tensor"))
         # The cache too: an uncommitted first cache compiled the first prefill shape twice
         # (once for the fresh cache, once for the committed one the kernel returns).
         # Sliding-window layers hold rings sized for the longest call (a prefill chunk or a
@@ -65,7 +84,10 @@ class Runner:
         ring = dict(dtype=cfg.cache_dtype,
                     max_tokens_per_call=max(cfg.prefill_chunk, cfg.decode_steps_per_call))
         self.paged = cfg.kv_pages > 0
-        if self.paged:  # every layer a pool of pages (no rings: a page holds any position)
+        if stack is not None:  # every layer of the same length: one [L, ...] array each
+            self.cache = jax.device_put(_stacked_cache(model.config, cfg), kv)
+            self.kv_cache_bytes = self.cache.k.nbytes + self.cache.v.nbytes
+        elif self.paged:  # every layer a pool of pages (no rings: a page holds any position)
             self.cache = jax.device_put(_page_pool(model.config, cfg), kv)
             self.kv_cache_bytes = sum(c.nbytes for c in self.cache.k + self.cache.v)
         else:
@@ -80,7 +102,7 @@ class Runner:
         self._pending: tuple[list, int, InPlace | None] | None = None
         self._pending_lock = threading.Lock()
         self._writer = None  # the in-place weight write, jitted for this engine's layout
-        self.owns_weights = False
+        self.owns_weights = stack is not None
         """Whether only the engine holds `weights` (then a publication may write into them):
         not the model's arrays it was built from, nor arrays a caller staged."""
         self.compile_s = 0.0
@@ -88,13 +110,18 @@ class Runner:
 
     # ------------------------------------------------------------------ weights
 
+    @property
+    def scanned(self) -> bool:
+        """Whether the kernels run the layers as one scan over stacked weights."""
+        return self.model_def.stack is not None
+
     def check_and_place(self, leaves, treedef, *, cast: bool = True) -> list:
-        if treedef != self.model_def.treedef or len(leaves) != len(self.weights):
+        if treedef != self.model_def.treedef or len(leaves) != len(self._leaves):
             raise ValueError(
                 "update_weights: the state's tree differs from the engine's model; pass the "
                 "state from nnx.split(model) of the same architecture"
             )
-        for new, old in zip(leaves, self.weights):
+        for new, old in zip(leaves, self._leaves):
             if new.shape != old.shape:
                 raise ValueError(f"update_weights: shape {new.shape} != engine's {old.shape}")
         # In the engine's own dtype (a trainer's float32 master copy reaches a bfloat16 engine
@@ -103,7 +130,7 @@ class Runner:
         # device or committedness the new arrays had. Without `cast` (an in-place write casts
         # in its kernel), the arrays keep their dtype.
         return [jax.device_put(_as_dtype(new, old.dtype) if cast else new, old.sharding)
-                for new, old in zip(leaves, self.weights)]
+                for new, old in zip(leaves, self._leaves)]
 
     def stage_weights(self, leaves: list, version: int, in_place: InPlace | None = None) -> None:
         """Queues new weights; `apply_staged` swaps them in, or with `in_place` writes them
@@ -128,7 +155,10 @@ class Runner:
             pending, self._pending = self._pending, None
         leaves, version, in_place = pending
         if in_place is None:
-            self.weights, self.owns_weights = leaves, False  # the caller may hold them
+            if self._packer is None:
+                self.weights, self.owns_weights = leaves, False  # the caller may hold them
+            else:  # stacked: new buffers of the engine's own, the old ones dropped
+                self.weights, self.owns_weights = self._packer(leaves), True
             return version
         try:
             # The first write goes into a copy (the current buffers may be the model's own);
@@ -136,7 +166,7 @@ class Runner:
             old = self.weights if self.owns_weights else [
                 jax.device_put(w, w.sharding, may_alias=False) for w in self.weights]
             if self._writer is None:
-                self._writer = weight_writer([w.sharding for w in self.weights])
+                self._writer = weight_writer(self.model_def, [w.sharding for w in self.weights])
             self.weights = jax.block_until_ready(self._writer(old, leaves))
             self.owns_weights = True
         except BaseException as exc:
@@ -254,7 +284,9 @@ class Runner:
 
     def kv_bytes_per_device(self) -> int:
         """Bytes of the K/V cache held on one device (the whole cache without a mesh)."""
-        return sum(c.addressable_shards[0].data.nbytes for c in self.cache.k + self.cache.v)
+        parts = ((self.cache.k, self.cache.v) if isinstance(self.cache, StackedKV)
+                 else self.cache.k + self.cache.v)
+        return sum(c.addressable_shards[0].data.nbytes for c in parts)
 
 
 def _engine_mesh(device, cfg: EngineConfig, mesh: Mesh | None, model_config) -> Mesh | None:
@@ -282,6 +314,33 @@ def _engine_mesh(device, cfg: EngineConfig, mesh: Mesh | None, model_config) -> 
                          f"heads: num_kv_heads={model_config.num_kv_heads} is not divisible "
                          f"by {tp}")
     return mesh
+
+
+def _layer_stack(model, cfg: EngineConfig) -> tuple[LayerStack | None, str | None]:
+    """The engine's `LayerStack` (None: layers unrolled) and, when `scan_layers` asked for a
+    scan the model cannot have, why not ("auto": logged; True: an error)."""
+    want = cfg.scan_layers
+    if want == "auto":
+        want = model.config.num_layers >= SCAN_AUTO_MIN_LAYERS
+    if not want:
+        return None, None
+    plan = plan_layer_stack(model, traced_window=cfg.kv_pages > 0)
+    if isinstance(plan, LayerStack):
+        return plan, None
+    if cfg.scan_layers is True:
+        raise ValueError(f"EngineConfig.scan_layers=True: the layers cannot be scanned: {plan}")
+    log.info("engine kernels run the layers unrolled: %s", plan)
+    return None, plan
+
+
+def _stacked_cache(config, cfg: EngineConfig) -> StackedKV:
+    """A zeroed cache of every layer in one array each: pages [L, P, K, PAGE, H] or rows
+    [L, S, K, max_seq_len, H] (no rings: a stacked model's layers share one window)."""
+    dtype = jnp.dtype(cfg.cache_dtype or config.dtype)
+    per = ((cfg.kv_pages, config.num_kv_heads, PAGE, config.head_dim) if cfg.kv_pages
+           else (cfg.max_slots, config.num_kv_heads, cfg.max_seq_len, config.head_dim))
+    shape = (config.num_layers, *per)
+    return StackedKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def _as_dtype(x, dtype):

@@ -7,14 +7,18 @@ from agentax.models._paged import PAGE, paged_decode_step, paged_forward, scatte
 from agentax.models._sharding import (DEFAULT_PARTITION_RULES, MESH_AXES, make_mesh,
                                       param_sharding_fn, param_shardings, partition_spec_for,
                                       shard_params)
-from agentax.models._transformer import KVCache, Transformer, init_cache, kv_cache_bytes
+from agentax.models._stacked import LayerStack, StackedKV, plan_layer_stack
+from agentax.models._transformer import (SCAN_AUTO_MIN_LAYERS, KVCache, Transformer,
+                                         init_cache, kv_cache_bytes)
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
     "DEFAULT_PARTITION_RULES",
     "MESH_AXES",
     "PAGE",
+    "SCAN_AUTO_MIN_LAYERS",
     "KVCache",
+    "LayerStack",
     "ModelConfig",
     "RopeScaling",
     "Transformer",
@@ -33,4 +37,6 @@ __all__ = [
     "save_pretrained",
     "scatter_pages",
     "shard_params",
+    "StackedKV",
+    "plan_layer_stack",
 ]

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from agentax.models._stacked import StackedKV, StackedTransformer
+
 __all__ = ["PAGE", "paged_forward", "paged_decode_step", "scatter_pages"]
 
 PAGE = 16
@@ -43,20 +45,41 @@ blocks waste more on a light load's last block."""
 
 
 def scatter_pages(pool: jax.Array, table_rn: jax.Array, positions_rt: jax.Array,
-                  values_rtkh: jax.Array, t_max: int) -> jax.Array:
+                  values_rtkh: jax.Array, t_max: int, layer=None) -> jax.Array:
     """Writes values [R, T, K, H] at positions [R, T] of each row's pages of `pool` [P, K,
-    PAGE, H]; positions >= t_max write nothing."""
+    PAGE, H] (or of layer `layer`'s pages of a stacked pool [L, P, K, PAGE, H]); positions
+    >= t_max write nothing."""
+    lead = () if layer is None else (layer,)
     index = jnp.minimum(positions_rt // PAGE, table_rn.shape[1] - 1)
     page = jnp.take_along_axis(table_rn, index, axis=1)
-    page = jnp.where(positions_rt < t_max, page, pool.shape[0])  # out of range: dropped
-    return pool.at[page, :, positions_rt % PAGE].set(values_rtkh.astype(pool.dtype), mode="drop")
+    page = jnp.where(positions_rt < t_max, page, pool.shape[-4])  # out of range: dropped
+    return pool.at[(*lead, page, slice(None), positions_rt % PAGE)].set(
+        values_rtkh.astype(pool.dtype), mode="drop")
 
 
-def _window_ok(attn, q_pos, k_pos):
+def _pages(pool, layer, pages):
+    """pool[pages] ([..., K, PAGE, H]), of layer `layer` of a stacked pool."""
+    return pool[pages] if layer is None else pool[layer, pages]
+
+
+def _window_ok(attn, q_pos, k_pos, window=None):
+    """Causal and within the layer's sliding window: `attn.window` (static), or `window`
+    (traced, one per layer under the engine's scan; 0 = none) when given."""
     ok = k_pos <= q_pos
+    if window is not None:
+        return ok & ((window <= 0) | (k_pos > q_pos - window))
     if attn.window is not None:
         ok &= k_pos > q_pos - attn.window
     return ok
+
+
+def _first_visible(attn, q_pos, window=None):
+    """The earliest key position a query at q_pos sees (0 without a window)."""
+    if window is not None:
+        return jnp.where(window > 0, jnp.maximum(q_pos - window + 1, 0), 0)
+    if attn.window is not None:
+        return jnp.maximum(q_pos - attn.window + 1, 0)
+    return jnp.zeros_like(q_pos)
 
 
 def _capped(attn, scores):
@@ -77,27 +100,30 @@ def _online(m, l, acc, scores, mask, values_fn):
 # ------------------------------------------------------------------------------ prefill
 
 
-def _prefill_attention(attn, q_rtnh, pool_k, pool_v, table_rn, positions_rt, t_max):
-    """[R, T, N, H]: each query over its row's positions <= its own (written before)."""
+def _prefill_attention(attn, q_rtnh, pool_k, pool_v, table_rn, positions_rt, t_max, layer=None,
+                       window=None):
+    """[R, T, N, H]: each query over its row's positions <= its own (written before); the
+    pools are layer `layer`'s of stacked pools when it is given."""
     r, t, n, h = q_rtnh.shape
-    kv = pool_k.shape[1]
+    kv = pool_k.shape[-3]
     q = (q_rtnh * jnp.asarray(attn.scale, q_rtnh.dtype)).reshape(r, t, kv, n // kv, h)
     bp = PREFILL_BLOCK_PAGES
     table = jnp.pad(table_rn, ((0, 0), (0, -table_rn.shape[1] % bp)))
     real = positions_rt < t_max
     end = jnp.max(jnp.where(real, positions_rt + 1, 0))  # keys the longest row reads
-    first = 0
-    if attn.window is not None:  # the earliest key any real query sees
-        first = jnp.maximum(jnp.min(jnp.where(real, positions_rt, t_max)) - attn.window + 1, 0)
+    first = 0  # the earliest key any real query sees
+    if attn.window is not None or window is not None:
+        first = _first_visible(attn, jnp.min(jnp.where(real, positions_rt, t_max)), window)
     q_pos = positions_rt[:, None, None, :, None]  # [R, 1, 1, T, 1]
 
     def block(b, carry):
         pages = lax.dynamic_slice_in_dim(table, b * bp, bp, axis=1)  # [R, bp]
-        k_blk, v_blk = pool_k[pages], pool_v[pages]  # [R, bp, K, PAGE, H]
+        k_blk, v_blk = _pages(pool_k, layer, pages), _pages(pool_v, layer, pages)
+        # [R, bp, K, PAGE, H]
         s = jnp.einsum("rtkgh,rbkih->rkgtbi", q, k_blk, preferred_element_type=jnp.float32)
         s = _capped(attn, s.reshape(*s.shape[:4], bp * PAGE))  # [R, K, G, T, bp * PAGE]
         k_pos = b * bp * PAGE + jnp.arange(bp * PAGE)
-        mask = _window_ok(attn, q_pos, k_pos) & real[:, None, None, :, None]
+        mask = _window_ok(attn, q_pos, k_pos, window) & real[:, None, None, :, None]
 
         def values(p):
             p = p.reshape(*p.shape[:4], bp, PAGE).astype(v_blk.dtype)
@@ -123,18 +149,31 @@ def paged_forward(model, tokens_rt, positions_rt, pool, table_rn, t_max: int, *,
     Returns (logits [R, V] of each row's last column with `last_only`, else [R, T, V];
     the updated pool)."""
     x = model.embed_tokens(tokens_rt)
+
+    def layer(block, x, pk, pv, i=None, inv_freq=None, window=None, last=False):
+        attn = block.attn
+        q, k, v = attn.qkv(block.attn_norm(x), positions_rt, inv_freq)
+        pk = scatter_pages(pk, table_rn, positions_rt, k, t_max, i)
+        pv = scatter_pages(pv, table_rn, positions_rt, v, t_max, i)
+        out = _prefill_attention(attn, q, pk, pv, table_rn, positions_rt, t_max, i, window)
+        r, t = positions_rt.shape
+        if last:  # only the last token goes on: [R, 1, D]
+            out, x, t = out[:, -1:], x[:, -1:], 1
+        return block._finish(x, attn.o_proj(out.reshape(r, t, -1))), pk, pv
+
+    if isinstance(model, StackedTransformer):  # one scanned layer; every column runs it
+        def body(block, i, inv_freq, window, x, kv):
+            x, pk, pv = layer(block, x, *kv, i, inv_freq, window)
+            return x, (pk, pv)
+
+        x, (k, v) = model.scan(body, x, (pool.k, pool.v))
+        if last_only:
+            x = x[:, -1]
+        return model.logits(model.final_norm(x)), StackedKV(k, v)
     new_k, new_v = [], []
     last = len(model.layers) - 1
     for i, (block, pk, pv) in enumerate(zip(model.layers, pool.k, pool.v)):
-        attn = block.attn
-        q, k, v = attn.qkv(block.attn_norm(x), positions_rt)
-        pk = scatter_pages(pk, table_rn, positions_rt, k, t_max)
-        pv = scatter_pages(pv, table_rn, positions_rt, v, t_max)
-        out = _prefill_attention(attn, q, pk, pv, table_rn, positions_rt, t_max)
-        r, t = positions_rt.shape
-        if last_only and i == last:  # only the last token goes on: [R, 1, D]
-            out, x, t = out[:, -1:], x[:, -1:], 1
-        x = block._finish(x, attn.o_proj(out.reshape(r, t, -1)))
+        x, pk, pv = layer(block, x, pk, pv, last=last_only and i == last)
         new_k.append(pk)
         new_v.append(pv)
     if last_only:
@@ -146,11 +185,12 @@ def paged_forward(model, tokens_rt, positions_rt, pool, table_rn, t_max: int, *,
 
 
 def _decode_attention(attn, q_snh, pool_k, pool_v, table_sn, kv_len_s, q_pos_s, k_new, v_new,
-                      mask_new_sf):
+                      mask_new_sf, layer=None, window=None):
     """[S, N * H]: each row's one query over its pages (positions < kv_len_s) and over the
-    call's own steps (`k_new`/`v_new` [S, K, F, H] where `mask_new_sf`)."""
+    call's own steps (`k_new`/`v_new` [S, K, F, H] where `mask_new_sf`); the pools are layer
+    `layer`'s of stacked pools when it is given."""
     s, n, h = q_snh.shape
-    kv = pool_k.shape[1]
+    kv = pool_k.shape[-3]
     g = n // kv
     q = (q_snh * jnp.asarray(attn.scale, q_snh.dtype)).reshape(s, kv, g, h)
     # Seeded by the call's own steps (the current token is always among them).
@@ -163,8 +203,8 @@ def _decode_attention(attn, q_snh, pool_k, pool_v, table_sn, kv_len_s, q_pos_s, 
                                          preferred_element_type=jnp.float32))
     hi = (kv_len_s + PAGE - 1) // PAGE
     lo = jnp.zeros_like(hi)
-    if attn.window is not None:
-        lo = jnp.clip((q_pos_s - attn.window + 1) // PAGE, 0, hi)
+    if attn.window is not None or window is not None:
+        lo = jnp.clip(_first_visible(attn, q_pos_s, window) // PAGE, 0, hi)
     count = hi - lo  # pages each row reads
     end = jnp.cumsum(count)
     start = end - count
@@ -176,12 +216,13 @@ def _decode_attention(attn, q_snh, pool_k, pool_v, table_sn, kv_len_s, q_pos_s, 
         row = jnp.minimum(jnp.searchsorted(end, pair, side="right"), s - 1)  # [bp], sorted
         j = lo[row] + pair - start[row]  # the pair's page index within its row
         page = table_sn[row, jnp.clip(j, 0, table_sn.shape[1] - 1)]
-        k_blk, v_blk = pool_k[page], pool_v[page]  # [bp, K, PAGE, H]
+        k_blk, v_blk = _pages(pool_k, layer, page), _pages(pool_v, layer, page)
+        # [bp, K, PAGE, H]
         sc = _capped(attn, jnp.einsum("bkgh,bkih->bkgi", q[row], k_blk,
                                       preferred_element_type=jnp.float32))
         k_pos = j[:, None] * PAGE + jnp.arange(PAGE)  # [bp, PAGE]
         mask = ((pair < end[-1])[:, None] & (k_pos < kv_len_s[row][:, None])
-                & _window_ok(attn, q_pos_s[row][:, None], k_pos))
+                & _window_ok(attn, q_pos_s[row][:, None], k_pos, window))
         sc = jnp.where(mask[:, None, None, :], sc, -jnp.inf)
         m_new = jnp.maximum(m, jax.ops.segment_max(sc.max(-1), row, s, indices_are_sorted=True))
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -217,19 +258,33 @@ def paged_decode_step(model, tokens_s, positions_s, pool, table_sn, fresh, step,
     """
     x = model.embed_tokens(tokens_s[:, None])
     kv_len = jnp.where(active_s, start_s, 0)
-    new_k, new_v = [], []
-    for block, pk, pv, k_new, v_new in zip(model.layers, pool.k, pool.v, fresh.k, fresh.v):
+
+    def layer(block, x, pk, pv, k_new, v_new, i=None, inv_freq=None, window=None):
         attn = block.attn
-        q, k, v = attn.qkv(block.attn_norm(x), positions_s[:, None])
+        q, k, v = attn.qkv(block.attn_norm(x), positions_s[:, None], inv_freq)
         k_new = lax.dynamic_update_slice(
             k_new, k.transpose(0, 2, 1, 3).astype(k_new.dtype), (0, 0, step, 0))
         v_new = lax.dynamic_update_slice(
             v_new, v.transpose(0, 2, 1, 3).astype(v_new.dtype), (0, 0, step, 0))
         j = jnp.arange(k_new.shape[2])[None, :]
-        mask_new = (j <= step) & _window_ok(attn, positions_s[:, None], start_s[:, None] + j)
+        mask_new = (j <= step) & _window_ok(attn, positions_s[:, None], start_s[:, None] + j,
+                                            window)
         out = _decode_attention(attn, q[:, 0], pk, pv, table_sn, kv_len, positions_s, k_new,
-                                v_new, mask_new)
-        x = block._finish(x, attn.o_proj(out[:, None]))
+                                v_new, mask_new, i, window)
+        return block._finish(x, attn.o_proj(out[:, None])), k_new, v_new
+
+    if isinstance(model, StackedTransformer):  # pool and fresh [L, ...]: layer i's at i
+        def body(block, i, inv_freq, window, x, kv):
+            fk, fv = kv
+            x, k_new, v_new = layer(block, x, pool.k, pool.v, fk[i], fv[i], i, inv_freq,
+                                    window)
+            return x, (fk.at[i].set(k_new), fv.at[i].set(v_new))
+
+        x, (fk, fv) = model.scan(body, x, (fresh.k, fresh.v))
+        return model.logits(model.final_norm(x))[:, 0], StackedKV(fk, fv)
+    new_k, new_v = [], []
+    for block, pk, pv, k_new, v_new in zip(model.layers, pool.k, pool.v, fresh.k, fresh.v):
+        x, k_new, v_new = layer(block, x, pk, pv, k_new, v_new)
         new_k.append(k_new)
         new_v.append(v_new)
     return model.logits(model.final_norm(x))[:, 0], type(fresh)(tuple(new_k), tuple(new_v))

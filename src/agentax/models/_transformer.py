@@ -224,17 +224,20 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(b, t, -1))
 
     def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-               last_only=False, *, t_max=None):
+               last_only=False, *, t_max=None, layer=None):
         """Writes every token's K/V to the cache and attends from each token; with `last_only`
         only the last token of each row goes through o_proj (returns [B, 1, D]). Slicing the
         queries instead saved a little more work but compiled 25 % slower (XLA CPU).
 
         `t_max` is the slot length (positions >= it write nothing); a layer cache shorter than
         it is a ring (see `cache_lengths`), which holds what this call's queries may see as
-        long as a row feeds at most length - window + 1 tokens."""
+        long as a row feeds at most length - window + 1 tokens. With `layer` (an index, traced
+        under the engine's scan) the caches hold every layer, [L, S, K, T, H], and this layer
+        writes and reads its own, in place."""
         q, k, v = self.qkv(x_btd, positions_bt)
         b, t = positions_bt.shape
-        length = k_cache.shape[2]
+        lead = () if layer is None else (layer,)
+        length = k_cache.shape[-2]
         t_max = length if t_max is None else t_max
         ring = length < t_max
         if ring and t > length - self.window + 1:
@@ -248,13 +251,15 @@ class Attention(nnx.Module):
             rows = slot_ids_b[:, None]
         # [S, K, T_max, H] indexed at [rows, :, index]: the update is [B, T, K, H].
         index = _cache_index(positions_bt, length, t_max)
-        k_cache = k_cache.at[rows, :, index].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[rows, :, index].set(v.astype(v_cache.dtype), mode="drop")
+        at = (*lead, rows, slice(None), index)
+        k_cache = k_cache.at[at].set(k.astype(k_cache.dtype), mode="drop")
+        v_cache = v_cache.at[at].set(v.astype(v_cache.dtype), mode="drop")
         span = length if attend_len is None else min(attend_len, length)
         if slot_ids_b is None:
-            k_all, v_all = k_cache[:, :, :span], v_cache[:, :, :span]  # [B, K, L, H]
+            at = (*lead, slice(None), slice(None), slice(None, span))
         else:
-            k_all, v_all = k_cache[slot_ids_b, :, :span], v_cache[slot_ids_b, :, :span]
+            at = (*lead, slot_ids_b, slice(None), slice(None, span))
+        k_all, v_all = k_cache[at], v_cache[at]  # [B, K, L, H]
         if ring:  # what each index holds once the row's positions up to its last are written
             fed = jnp.max(jnp.where(positions_bt < t_max, positions_bt + 1, 0), axis=1)
             k_pos = _ring_positions(fed, length)[:, None, :span]  # [B, 1, L]
@@ -333,10 +338,10 @@ class Block(nnx.Module):
                                              **attn))
 
     def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-               last_only=False, *, t_max=None):
+               last_only=False, *, t_max=None, layer=None):
         a, k_cache, v_cache = self.attn.cached(
             self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-            last_only, t_max=t_max,
+            last_only, t_max=t_max, layer=layer,
         )
         if last_only:  # only the last token goes on: [B, 1, D]
             x_btd = x_btd[:, -1:]

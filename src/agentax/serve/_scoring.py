@@ -22,7 +22,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 __all__ = ["MAX_TOP_LOGPROBS", "can_score", "top_logprobs"]
 
@@ -44,7 +43,7 @@ def _bucket(n: int, least: int) -> int:
 def _top_k(model_def, weights, ids_bt: jax.Array, rows_r: jax.Array, temperature: jax.Array):
     """Top-k (logprobs, ids) [R, k] of the next token after positions `rows_r` of row 0: the
     hidden states are full length, the [R, V] logits only for the rows asked for."""
-    model = nnx.merge(model_def.graphdef, jax.tree.unflatten(model_def.treedef, weights))
+    model = model_def.model(weights)  # the engine's weights, layers unstacked if stacked
     hidden = model.hidden(ids_bt)[0, rows_r]  # [R, D]
     logits = model.logits(hidden[None])[0].astype(jnp.float32)
     logp = jax.nn.log_softmax(logits / temperature, axis=-1)
