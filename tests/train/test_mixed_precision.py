@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BF16 = dataclasses.replace(MICRO, dtype="bfloat16", param_dtype="bfloat16")
 
 
-def _bf16_model(seed: int = 0) -> Transformer:
-    return Transformer(BF16, rngs=nnx.Rngs(seed))
+def _bf16_model(seed: int = 0, num_layers: int = MICRO.num_layers) -> Transformer:
+    return Transformer(dataclasses.replace(BF16, num_layers=num_layers), rngs=nnx.Rngs(seed))
 
 
 def _floats(tree) -> list[np.ndarray]:
@@ -133,21 +133,26 @@ def test_a_bf16_engine_gets_bf16_weights_from_an_fp32_master_without_recompiling
         engine.shutdown()
 
 
-def test_an_in_place_publication_writes_into_the_engines_own_buffers_without_recompiling():
+@pytest.mark.parametrize("num_layers", [1, 6])
+def test_an_in_place_publication_writes_into_the_engines_own_buffers_without_recompiling(
+        num_layers):
     """The pipeline's publisher writes a float32 master into a bfloat16 engine's buffers (one
     donated kernel): from the second publication on the buffers stay where they are, nothing
     compiles, the engine decodes exactly as a fresh engine over the same weights, and the
-    model the engine was built from is never donated."""
+    model the engine was built from is never donated. 6 layers: the engine holds them stacked
+    (scanned kernels), packed at construction, so even the first write is in place."""
     from agentax.pipeline import Placement
 
-    model = _bf16_model()
+    model = _bf16_model(num_layers=num_layers)
     first_leaf = jax.tree.leaves(nnx.state(model))[0]
     engine = Engine(model, EngineConfig(max_slots=2, max_seq_len=64, prefill_chunk=16))
+    assert engine._runner.scanned == (num_layers >= 5)
     publish = Placement.colocated().publisher()
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     try:
         engine.generate_batch([[1, 2, 3]], greedy)
         compiles = engine.num_compiles
+        built = [w.unsafe_buffer_pointer() for w in engine._weights]
         trainer = RLTrainer(model, base_config(learning_rate=1e-2))
         pointers, writes = [], []
         for version in (1, 2, 3):
@@ -156,10 +161,13 @@ def test_an_in_place_publication_writes_into_the_engines_own_buffers_without_rec
             pointers.append([w.unsafe_buffer_pointer() for w in engine._weights])
             writes.append(engine._runner._writer._cache_size())
             master = trainer.params_for_engine(jnp.float32)
-            for w, m in zip(engine._weights, jax.tree.leaves(master)):
+            leaves = engine._runner.model_def.unpack(engine._weights)  # stacked: sliced
+            for w, m in zip(leaves, jax.tree.leaves(master), strict=True):
                 assert w.dtype == jnp.bfloat16
                 np.testing.assert_array_equal(np.asarray(w), np.asarray(m.astype(jnp.bfloat16)))
         assert pointers[1] == pointers[2]  # written in place
+        if engine._runner.scanned:  # packed by the engine: its own from the start
+            assert built == pointers[0]
         assert writes[1] == writes[2]  # the write kernel compiled once, at the first write
         out = engine.generate_batch([[1, 2, 3]], greedy)[0]
         assert out.versions.tolist() == [3] * len(out.versions)
