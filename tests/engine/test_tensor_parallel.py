@@ -57,6 +57,31 @@ SCRIPT = textwrap.dedent(
             on_one = sum(w.addressable_shards[0].data.nbytes for w in weights)
             assert on_one < total / 3, (on_one, total)  # norms stay replicated
 
+    # A deep model: the sharded engines hold its layers stacked and scan them (scan_layers
+    # "auto"): each stacked weight takes its layer's sharding behind an unsharded layer axis,
+    # the stacked cache its kv-head sharding; in-place publications keep that layout.
+    deep_cfg = dataclasses.replace(cfg, num_layers=6)
+    deep, deep_other = (Transformer(deep_cfg, rngs=nnx.Rngs(s)) for s in (2, 3))
+    for paged in (0, 256):
+        config = dataclasses.replace(base, kv_cache_tokens=paged)
+        with Engine(deep, dataclasses.replace(config, scan_layers=False)) as one:
+            want = run(one)
+        with Engine(deep, dataclasses.replace(config, tensor_parallel=8)) as engine:
+            assert engine._runner.scanned
+            assert run(engine) == want, ("deep", paged)
+            assert engine.kv_cache_bytes_per_device * 8 == engine.kv_cache_bytes
+            weights = engine._weights
+            total = sum(w.nbytes for w in weights)
+            on_one = sum(w.addressable_shards[0].data.nbytes for w in weights)
+            assert on_one < total / 3, (on_one, total)
+            compiled, layout = engine.num_compiles, [w.sharding for w in weights]
+            engine.update_weights(nnx.split(deep_other)[1], 1, in_place=True)
+            assert run(engine) != want
+            engine.update_weights(nnx.split(deep)[1], 2, in_place=True)
+            assert run(engine) == want
+            assert engine.num_compiles == compiled
+            assert [w.sharding for w in engine._weights] == layout
+
     # A bfloat16 engine receives a trainer's float32 master weights: cast to its dtype and put
     # on its sharding, so the kernels compiled for the first weights serve them.
     bf16 = dataclasses.replace(cfg, dtype="bfloat16", param_dtype="bfloat16")
@@ -120,7 +145,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # ~40 s alone (8 fake devices compile every kernel again); CI slow stage
+@pytest.mark.slow  # ~40 s alone before the deep (scanned) engines, 133 s with them on a
+# loaded 2-core host (8 fake devices compile every kernel again); CI slow stage
 def test_tensor_parallel_engine_equals_one_device(tmp_path):
     script = tmp_path / "tp.py"
     script.write_text(SCRIPT)
