@@ -9,15 +9,14 @@ import asyncio
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from agentax.engine import Engine, EngineConfig
-from agentax.engine._kernels import ModelDef, decode_steps_paged
-from agentax.engine._sampling import RowSampling
-from agentax.models import PAGE, KVCache, ModelConfig, StackedKV, Transformer, plan_layer_stack
+from agentax.engine._kernels import ModelDef
+from agentax.engine._runner import lower_decode
+from agentax.models import PAGE, ModelConfig, StackedKV, Transformer, plan_layer_stack
 from agentax.records import SamplingParams
 
 DEEP = ModelConfig.tiny(num_layers=6)
@@ -136,35 +135,30 @@ def test_packing_round_trips_the_model_leaves():
         np.testing.assert_array_equal(a, b)
 
 
-def _decode_hlo_ops(num_layers: int, scan: bool) -> int:
-    """Ops of the paged decode kernel lowered on abstract arrays (nothing allocated)."""
-    cfg = dataclasses.replace(DEEP, num_layers=num_layers)
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(model)
-    leaves, treedef = jax.tree.flatten(state)
-    stack = plan_layer_stack(model, traced_window=True) if scan else None
-    model_def = ModelDef(graphdef, treedef, stack)
-    weights = jax.eval_shape(model_def.pack, leaves)
-    slots, pages, t_max = 4, 24, 96
-    page = jax.ShapeDtypeStruct((pages, cfg.num_kv_heads, PAGE, cfg.head_dim), jnp.float32)
-    if scan:
-        stacked = jax.ShapeDtypeStruct((num_layers, *page.shape), page.dtype)
-        pool = StackedKV(stacked, stacked)
-    else:
-        pool = KVCache((page,) * num_layers, (page,) * num_layers)
-    i32 = jnp.int32
-    sds = jax.ShapeDtypeStruct
-    sampling = RowSampling(sds((slots,), jnp.float32), sds((slots,), i32),
-                           sds((slots,), jnp.float32), sds((slots,), jnp.uint32))
-    text = decode_steps_paged.lower(
-        model_def, weights, pool, sds((slots, t_max // PAGE), i32), sds((4, slots), i32),
-        sampling, sds((slots, 8), i32), 8, t_max).as_text()
+def _decode_hlo_ops(num_layers: int, scan: bool, kv=PAGES) -> int:
+    """Ops of the decode kernel lowered on abstract arrays (nothing allocated)."""
+    text = lower_decode(dataclasses.replace(DEEP, num_layers=num_layers),
+                        _engine_config(kv, scan)).as_text()
     return sum(1 for line in text.splitlines() if " = " in line)
 
 
-def test_the_scanned_decode_kernel_does_not_grow_with_depth():
-    scanned = [_decode_hlo_ops(n, True) for n in (6, 12)]
-    unrolled = [_decode_hlo_ops(n, False) for n in (6, 12)]
+@pytest.mark.parametrize("layout", [ROWS, PAGES], ids=["rows", "pages"])
+def test_the_scanned_decode_kernel_does_not_grow_with_depth(layout):
+    scanned = [_decode_hlo_ops(n, True, layout) for n in (6, 12)]
+    unrolled = [_decode_hlo_ops(n, False, layout) for n in (6, 12)]
     assert scanned[1] == scanned[0]
     assert unrolled[1] > 1.6 * unrolled[0]
     assert scanned[0] < unrolled[0]
+
+
+def test_top_logprobs_scores_with_the_stacked_weights():
+    from agentax.serve._scoring import top_logprobs
+
+    model = Transformer(DEEP, rngs=nnx.Rngs(0))
+    got = {}
+    for scan in (False, True):
+        with Engine(model, _engine_config(PAGES, scan)) as engine:
+            got[scan] = top_logprobs(engine, np.arange(1, 20), np.arange(30, 36), 1.0, 3)
+    for row_u, row_s in zip(got[False], got[True], strict=True):
+        assert [t for t, _ in row_s] == [t for t, _ in row_u]
+        np.testing.assert_allclose([v for _, v in row_s], [v for _, v in row_u], atol=1e-5)

@@ -22,10 +22,11 @@ from agentax.engine._kernels import (ModelDef, compiled_count, copy_pages, decod
                                      weight_packer, weight_writer)
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
-from agentax.models import (SCAN_AUTO_MIN_LAYERS, KVCache, LayerStack, StackedKV, init_cache,
-                            kv_cache_bytes, make_mesh, param_shardings, plan_layer_stack)
+from agentax.models import (SCAN_AUTO_MIN_LAYERS, KVCache, LayerStack, StackedKV, Transformer,
+                            init_cache, kv_cache_bytes, make_mesh, param_shardings,
+                            plan_layer_stack)
 
-__all__ = ["InPlace", "Runner"]
+__all__ = ["InPlace", "Runner", "lower_decode"]
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +315,36 @@ def _engine_mesh(device, cfg: EngineConfig, mesh: Mesh | None, model_config) -> 
                          f"heads: num_kv_heads={model_config.num_kv_heads} is not divisible "
                          f"by {tp}")
     return mesh
+
+
+def lower_decode(model_config, config: EngineConfig) -> jax.stages.Lowered:
+    """The decode kernel an `Engine(Transformer(model_config), config)` would run (paged or
+    rows, its layers scanned or not as `config.scan_layers` decides), lowered on abstract
+    arrays: nothing is allocated. `.as_text()` is its HLO, `.compile()` compiles it (rows:
+    at the longest span, max_seq_len)."""
+    model = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    stack, _ = _layer_stack(model, config)
+    model_def = ModelDef(graphdef, treedef, stack)
+    weights = jax.eval_shape(model_def.pack, leaves)
+    if stack is not None:
+        cache = jax.eval_shape(lambda: _stacked_cache(model_config, config))
+    elif config.kv_pages:
+        cache = jax.eval_shape(lambda: _page_pool(model_config, config))
+    else:
+        cache = jax.eval_shape(lambda: init_cache(
+            model_config, config.max_slots, config.max_seq_len, config.cache_dtype,
+            max(config.prefill_chunk, config.decode_steps_per_call)))
+    s, t_max = config.max_slots, config.max_seq_len
+    i32, f32, sds = jnp.int32, jnp.float32, jax.ShapeDtypeStruct
+    sampling = RowSampling(sds((s,), f32), sds((s,), i32), sds((s,), f32), sds((s,), jnp.uint32))
+    args = (sds((4, s), i32), sampling, sds((s, config.max_stop_ids), i32),
+            config.decode_steps_per_call)
+    if config.kv_pages:
+        table = sds((s, -(-t_max // PAGE)), i32)
+        return decode_steps_paged.lower(model_def, weights, cache, table, *args, t_max)
+    return decode_steps.lower(model_def, weights, cache, *args, t_max)
 
 
 def _layer_stack(model, cfg: EngineConfig) -> tuple[LayerStack | None, str | None]:
