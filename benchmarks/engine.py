@@ -63,6 +63,12 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   tensor-parallel engine on 8 fake CPU devices (a child process) against one device
   (`tp_study`; full run only, and `--tp-study` alone with XLA_FLAGS set; the same properties
   are asserted by tests/engine/test_tensor_parallel.py). Goals 1 and 1/8.
+* engine_decode_hlo_ops_qwen3_0_6b[_unrolled], engine_decode_compile_s_qwen3_0_6b[_unrolled],
+  engine_scan_compile_speedup — the paged decode kernel at Qwen3-0.6B shapes (28 layers,
+  bfloat16, 16 slots of 1,024 tokens) with its layers as one scan over stacked weights (the
+  engine's default for 5 layers or more) and unrolled, lowered on abstract arrays: HLO ops
+  (both runs) and wall seconds to lower and compile on this CPU, unrolled over scanned (full
+  run; `--scan-compile` alone).
 * engine_kernels_qwen3_0_6b_32k — kernel shapes a 64-slot, 32,768-token engine may compile
   (`EngineConfig.kernel_shapes()`, what `precompile` compiles) on a paged cache with the
   default prefill knobs (decode once, prefill per row bucket x chunk bucket: no span);
@@ -856,22 +862,52 @@ def publish_memory(cfg: ModelConfig) -> dict:
     """What a weight publication allocates beyond the engine's weights (XLA's memory analysis
     of the engine's in-place write, lowered on abstract arrays at `cfg`'s shapes: a bfloat16
     engine fed a float32 master, as the pipeline publishes), over the engine's weight bytes.
-    The former path (a cast copy swapped in) allocated one whole copy: 1.0."""
+    The former path (a cast copy swapped in) allocated one whole copy: 1.0. The engine holds
+    a deep model's layers stacked (`EngineConfig.scan_layers`): the write then packs the
+    master's per-layer leaves into the stacked buffers, as the engine does."""
     from jax.sharding import SingleDeviceSharding
 
-    from agentax.engine._kernels import weight_writer
+    from agentax.engine._kernels import ModelDef, weight_writer
+    from agentax.engine._runner import _layer_stack
 
-    shapes = jax.tree.leaves(nnx.state(nnx.eval_shape(lambda: Transformer(
-        dataclasses.replace(cfg, dtype="bfloat16", param_dtype="bfloat16"),
-        rngs=nnx.Rngs(0)))))
-    old = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in shapes]
+    model = nnx.eval_shape(lambda: Transformer(
+        dataclasses.replace(cfg, dtype="bfloat16", param_dtype="bfloat16"), rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    shapes, treedef = jax.tree.flatten(state)
+    model_def = ModelDef(graphdef, treedef, _layer_stack(model, EngineConfig())[0])
+    old = jax.eval_shape(model_def.pack, shapes)
     new = [jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in shapes]
     place = SingleDeviceSharding(jax.devices()[0])
-    mem = weight_writer([place] * len(old)).lower(old, new).compile().memory_analysis()
+    mem = weight_writer(model_def, [place] * len(old)).lower(old, new).compile().memory_analysis()
     weights = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in old)
     extra = mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
     return {"publish_extra_bytes_over_weights": round(extra / weights, 4),
             "publish_engine_weight_bytes_qwen3_0_6b": weights}
+
+
+def scan_compile(cfg: ModelConfig, *, compile: bool = True) -> dict:
+    """The paged decode kernel of an engine of `cfg` (bfloat16; 16 slots of 1,024 tokens, 8
+    fused steps) with its layers scanned (`EngineConfig.scan_layers`) and unrolled, lowered
+    on abstract arrays (`lower_decode`: no weights): HLO ops of each and, with `compile`,
+    wall seconds to lower and compile each (XLA on this host's CPU)."""
+    from agentax.engine._runner import lower_decode
+
+    cfg = dataclasses.replace(cfg, dtype="bfloat16", param_dtype="bfloat16")
+    out = {}
+    for name, scan in (("", True), ("_unrolled", False)):
+        t = time.perf_counter()
+        lowered = lower_decode(cfg, EngineConfig(max_slots=16, max_seq_len=1024,
+                                                 kv_cache_tokens="auto", scan_layers=scan))
+        out[f"engine_decode_hlo_ops_qwen3_0_6b{name}"] = sum(
+            1 for line in lowered.as_text().splitlines() if " = " in line)
+        if compile:
+            lowered.compile()
+            out[f"engine_decode_compile_s_qwen3_0_6b{name}"] = round(time.perf_counter() - t, 2)
+    if compile:
+        out["engine_scan_compile_speedup"] = round(
+            out["engine_decode_compile_s_qwen3_0_6b_unrolled"]
+            / out["engine_decode_compile_s_qwen3_0_6b"], 2)
+    return out
 
 
 def main() -> None:
@@ -887,6 +923,8 @@ def main() -> None:
                         help="only the ragged decode's cost with one long row (straggler)")
     parser.add_argument("--publish-memory", action="store_true",
                         help="only XLA's memory analysis of an in-place weight publication")
+    parser.add_argument("--scan-compile", action="store_true",
+                        help="only the decode kernel's size and compile time, scanned/unrolled")
     parser.add_argument("--tp-study", action="store_true",
                         help="only tensor parallelism over fake CPU devices (set XLA_FLAGS)")
     args = parser.parse_args()
@@ -895,6 +933,9 @@ def main() -> None:
         return
     if args.publish_memory:
         print(json.dumps(publish_memory(ModelConfig.qwen3_0_6b())))
+        return
+    if args.scan_compile:
+        print(json.dumps(scan_compile(ModelConfig.qwen3_0_6b())))
         return
     if args.straggler_study:
         model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
@@ -962,6 +1003,8 @@ def main() -> None:
         long, kv_cache_tokens=0).kernel_shapes())
     if not args.quick:  # ~5 s of compiling; quick has no room for it
         figures.update(publish_memory(ModelConfig.qwen3_0_6b()))
+    # Layers under a scan: quick lowers only (~3 s); compiling both takes ~16 s more.
+    figures.update(scan_compile(ModelConfig.qwen3_0_6b(), compile=not args.quick))
     figures["workload"] = (
         f"lognormal outputs (median {MEDIAN_LEN}, sigma {SIGMA}, cap {MAX_TOKENS}), prompts "
         "16-64, arrival order fixed; 4-turn episodes, 50 ms tools"

@@ -280,7 +280,19 @@ def weight_writer(model_def: ModelDef, shardings: list) -> Any:
     engine's own, so no kernel recompiles for another spelling of the same layout). Compiled
     once per source dtypes, never per version."""
     def write(old: list, new: list) -> list:
-        return model_def.pack(new, [o.dtype for o in old])
+        if model_def.stack is None:
+            return model_def.pack(new, [o.dtype for o in old])
+        # Stacked: each layer's leaf written into the donated stack at its index. A packed
+        # stack (jnp.stack of the cast leaves) was computed aside and copied in: 1.68 x the
+        # engine's weights of temporaries at Qwen3-0.6B shapes, against none this way.
+        stack = model_def.stack
+        n = len(stack.rest_index)
+        out = [new[k].astype(o.dtype) for k, o in zip(stack.rest_index, old)]
+        for ix, o in zip(stack.layer_index, old[n:]):
+            for layer, k in enumerate(ix):
+                o = jax.lax.dynamic_update_index_in_dim(o, new[k].astype(o.dtype), layer, 0)
+            out.append(o)
+        return out
 
     return jax.jit(write, donate_argnums=(0,), keep_unused=True,  # kept: donated
                    out_shardings=list(shardings))
