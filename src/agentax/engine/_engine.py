@@ -277,14 +277,17 @@ class Engine:
         """Swaps in new weights between two decode calls; in-flight requests continue.
 
         Tokens sampled afterwards are tagged with `version`. Non-blocking by default: the
-        engine keeps the arrays it was given (in its own dtype; a cast makes new ones).
+        engine keeps the arrays it was given (in its own dtype; a cast makes new ones), or,
+        when it holds the layers stacked (`EngineConfig.scan_layers`), packs them into new
+        stacked buffers of its own.
 
         With `in_place=True` it blocks until the step thread, between two calls, has cast the
         new values into the engine's own weight buffers (donated to one small kernel, compiled
         once per source dtype): the engine never holds two versions, and the caller may reuse
         or donate its arrays as soon as this returns (e.g. a trainer's float32 master, passed
         uncast: `RLTrainer.params_for_engine(live=True)`). The first in-place write copies the
-        engine's weights once (they may be the model's own arrays); from then on none.
+        engine's weights once (they may be the model's own arrays; stacked layers are the
+        engine's own from the start); from then on none.
 
         Args:
           state_or_model: a `Transformer` of the same architecture, or its `nnx.State`
