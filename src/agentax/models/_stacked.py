@@ -49,15 +49,15 @@ class StackedKV(NamedTuple):
     def max_seq_len(self) -> int:
         return int(self.k.shape[3])
 
-    def fresh(self, steps: int, slots: int | None = None) -> "StackedKV":
+    def fresh(self, steps: int, slots: int | None = None) -> StackedKV:
         """Zeroed [L, S, K, steps, H] buffers for the K/V of one fused decode call (`slots`:
         S, default the cache's)."""
         l, s, kv, _, h = self.k.shape
         shape = (l, s if slots is None else slots, kv, steps, h)
         return StackedKV(jnp.zeros(shape, self.k.dtype), jnp.zeros(shape, self.v.dtype))
 
-    def write_fresh(self, fresh: "StackedKV", start_b: jax.Array,
-                    counts_b: jax.Array) -> "StackedKV":
+    def write_fresh(self, fresh: StackedKV, start_b: jax.Array,
+                    counts_b: jax.Array) -> StackedKV:
         """`KVCache.write_fresh`, every layer in one scatter."""
         steps, t_max = fresh.k.shape[3], self.max_seq_len
         j = jnp.arange(steps)[None, :]
@@ -136,7 +136,7 @@ class LayerStack:
         return ([leaf_shardings[k] for k in self.rest_index]
                 + [lead(leaf_shardings[ix[0]]) for ix in self.layer_index])
 
-    def merge(self, weights: list) -> "StackedTransformer":
+    def merge(self, weights: list) -> StackedTransformer:
         return StackedTransformer(self, weights)
 
 
@@ -170,7 +170,7 @@ def plan_layer_stack(model: nnx.Module, *, traced_window: bool) -> LayerStack | 
     shell_leaves, shell_treedef = jax.tree_util.tree_flatten_with_path(shell_state)
     block_graphdef, block_state = blocks[0]
     block_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(block_state)[0]]
-    layers_key = paths[[i for i, p in enumerate(paths) if _key(p[0]) == "layers"][0]][0]
+    layers_key = next(p[0] for p in paths if _key(p[0]) == "layers")
     layer_keys = sorted({p[1] for p in paths if p[0] == layers_key}, key=_key)
     return LayerStack(
         shell_graphdef=shell_graphdef, shell_treedef=shell_treedef,
