@@ -63,6 +63,42 @@ def test_changed_is_bitwise():
     assert _changed(a, b, [(0, 0, 3)]) and not _changed(a, b, [(0, 0, 2)])
 
 
+def test_a_replica_publishes_the_model_leaves_into_an_engine_holding_stacked_layers():
+    """A deep model's engine holds its layers stacked (`EngineConfig.scan_layers`); the
+    replica's chunked publication, full and delta, still speaks the model's flat leaves (run
+    in-process: the actor's body without Ray)."""
+    from agentax.engine import Engine, EngineConfig
+    from agentax.models import ModelConfig, Transformer
+    from agentax.records import SamplingParams
+    from agentax.scale._replica import _EngineActor
+
+    deep = ModelConfig.tiny(num_layers=6)
+    model, other = (Transformer(deep, rngs=nnx.Rngs(s)) for s in (0, 1))
+    actor = _EngineActor(lambda: Engine(model, EngineConfig(max_slots=2, max_seq_len=64,
+                                                            prefill_chunk=16)))
+    engine = actor.engine
+    try:
+        assert engine._runner.scanned
+        leaves = [np.asarray(x) for x in jax.tree.leaves(nnx.state(other))]
+        assert [shape for shape, _ in actor.weight_spec()] == [x.shape for x in leaves]
+
+        def publish(version, which, base):
+            ranges = [(i, 0, leaves[i].size) for i in which]
+            parts = [leaves[i].reshape(-1) for i in which]
+            got = asyncio.run(actor.receive_chunk(version, ranges, parts, base, True, 1))
+            assert got == version
+            engine.generate_batch([[1, 2, 3]], SamplingParams(max_tokens=2))  # swaps them in
+            assert engine.policy_version == version
+            for got, want in zip(engine._runner.leaves(), leaves, strict=True):
+                np.testing.assert_array_equal(np.asarray(got), want)
+
+        publish(1, range(len(leaves)), None)
+        leaves[-1] = leaves[-1] + 1.0  # a layer leaf (the last layer's): a delta of one leaf
+        publish(2, [len(leaves) - 1], 1)
+    finally:
+        engine.shutdown()
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="chunk_bytes"):
         WeightSyncConfig(chunk_bytes=10)

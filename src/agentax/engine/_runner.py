@@ -116,6 +116,17 @@ class Runner:
         """Whether the kernels run the layers as one scan over stacked weights."""
         return self.model_def.stack is not None
 
+    @property
+    def leaf_specs(self) -> list:
+        """Shape, dtype and sharding (ShapeDtypeStructs) of each of the model's flat leaves as
+        the engine takes them (`update_weights`), whatever layout the kernels hold."""
+        return list(self._leaves)
+
+    def leaves(self) -> list:
+        """The current weights as the model's flat leaves (with stacked layers: slices of the
+        stacks, new arrays)."""
+        return self.model_def.unpack(self.weights)
+
     def check_and_place(self, leaves, treedef, *, cast: bool = True) -> list:
         if treedef != self.model_def.treedef or len(leaves) != len(self._leaves):
             raise ValueError(

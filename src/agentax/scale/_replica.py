@@ -72,7 +72,8 @@ class _EngineActor:
     def weight_spec(self) -> list[tuple[tuple[int, ...], str]]:
         """Shape and dtype of each engine weight leaf (what a publisher casts to)."""
         if self._spec is None:  # fixed for the engine's life
-            self._spec = [(tuple(w.shape), str(w.dtype)) for w in _engine_weights(self.engine)]
+            self._spec = [(tuple(w.shape), str(w.dtype))
+                          for w in _engine_weights(self.engine, arrays=False)]
         return self._spec
 
     async def receive_chunk(self, version: int, ranges: Any, parts: list[np.ndarray],
@@ -95,7 +96,7 @@ class _EngineActor:
                     f"delta publication on base version {base_version}, but this replica holds "
                     f"host weights of version {self._host_version}; publish in full")
             self._incoming = inc = _Incoming(version, self.weight_spec())
-        current = _engine_weights(self.engine)
+        current = _engine_weights(self.engine, arrays=False)  # their shardings
         whole, pieces = [], []
         for (leaf, a, b), part in zip(ranges, parts):
             if a == 0 and b == inc.sizes[leaf]:
@@ -153,7 +154,8 @@ class _EngineActor:
             inc = _Incoming(version, spec)  # a delta in which nothing changed
         if inc.version != version:
             raise ValueError(f"commit of version {version}, but version {inc.version} was received")
-        current = _engine_weights(self.engine)
+        # Shardings, and the arrays of a delta's unchanged leaves.
+        current = _engine_weights(self.engine, arrays=delta)
         leaves: list[Any] = [None] * len(spec)
         host: list[Any] = [None] * len(spec)
         assembled = []
@@ -247,10 +249,15 @@ def _on_device(host: np.ndarray, sharding: Any) -> Any:
     return jax.device_put(host, sharding)
 
 
-def _engine_weights(engine: Any) -> list:
-    """The engine's current weight leaves (device arrays, in `jax.tree.leaves` order)."""
+def _engine_weights(engine: Any, *, arrays: bool = True) -> list:
+    """The engine's current weight leaves in `jax.tree.leaves` order: device arrays, or
+    without `arrays` what each must be (shape, dtype, sharding). An agentax engine holding its
+    layers stacked (`EngineConfig.scan_layers`) gives its layers' leaves as slices of its
+    stacks (copies): ask for arrays only where they are used."""
     weights = getattr(engine, "weights", None)
-    return list(weights if weights is not None else engine._weights)
+    if weights is not None:
+        return list(weights)
+    return engine._runner.leaves() if arrays else list(engine._runner.leaf_specs)
 
 
 _ACTOR_CLASS: Any = None
