@@ -20,6 +20,10 @@ Both are the FlashAttention recurrence (Dao, 2023, https://arxiv.org/abs/2307.08
 pages instead of contiguous blocks, and the ragged (variable-length) batching of vLLM's
 PagedAttention (Kwon et al., 2023, https://arxiv.org/abs/2309.06180), written with `lax`
 loops in pure JAX (the Pallas kernels of jax.experimental are not used here).
+
+Both also take a `StackedTransformer` with a `StackedKV` pool ([L, P, K, PAGE, H]) and then
+run the layers as one `lax.scan` (`_stacked.py`): a layer reads and writes the pool at its
+index, and a traced per-layer window replaces the static one when the layers' differ.
 """
 
 from __future__ import annotations
@@ -144,7 +148,9 @@ def _prefill_attention(attn, q_rtnh, pool_k, pool_v, table_rn, positions_rt, t_m
 def paged_forward(model, tokens_rt, positions_rt, pool, table_rn, t_max: int, *,
                   last_only: bool):
     """Prefill (or any cached forward) of `model` over a paged `pool` (a KVCache of page
-    pools); row r uses the pages `table_rn[r]`. Positions >= t_max (padding) write nothing.
+    pools, or a `StackedKV` for a `StackedTransformer`: layers scanned, and with `last_only`
+    the last layer runs for every column); row r uses the pages `table_rn[r]`. Positions >=
+    t_max (padding) write nothing.
 
     Returns (logits [R, V] of each row's last column with `last_only`, else [R, T, V];
     the updated pool)."""
@@ -246,9 +252,10 @@ def paged_decode_step(model, tokens_s, positions_s, pool, table_sn, fresh, step,
 
     Args:
       tokens_s: [S] the token each slot feeds, at positions_s (= start_s + step).
-      pool: the page pools (a KVCache), only read.
+      pool: the page pools (a KVCache; a `StackedKV` for a `StackedTransformer`), only read.
       table_sn: [S, N] each slot's pages.
-      fresh: per-layer [S, K, F, H] K/V of this call's steps; step j sits at index j.
+      fresh: per-layer [S, K, F, H] K/V of this call's steps; step j sits at index j (a
+        `StackedKV` [L, S, K, F, H] with a stacked pool).
       step: int32 scalar, this step's index in the call.
       start_s: [S] the position of each slot's first token in this call.
       active_s: [S] bool; idle slots read no page.
