@@ -159,9 +159,9 @@ def plan_layer_stack(model: nnx.Module, *, traced_window: bool) -> LayerStack | 
     ropes = [cfg.layer_rope(i) for i in range(len(blocks))]
     uniform = len(set(windows)) == 1 and len(set(ropes)) == 1
     if not uniform and not traced_window:
-        return ("the layers' sliding windows or RoPE differ (e.g. Gemma 3) and the row cache "
-                "holds their sliding layers as rings of another length; a paged cache "
-                "(kv_cache_tokens) scans them")
+        return ("the layers' sliding windows or RoPE differ (e.g. Gemma 3): the row cache's "
+                "attention takes them static, and its sliding layers may hold rings of another "
+                "length; a paged cache (kv_cache_tokens) scans them")
     if uniform and len({gd for gd, _ in blocks}) != 1:
         return "the layers' static attributes differ"
     shell = nnx.merge(graphdef, state)
