@@ -1,14 +1,18 @@
 """The web recipe's parts: MiniWoB++ pages in a real headless Chromium, acted on from text.
 
-Tasks are single-click MiniWoB++ pages at numbered seeds (`miniwob:click-tab`,
-`focus-text-2`, `click-dialog-2`, `click-button`); held-out seeds are never trained on. The
-environment is `BrowserEnvironment` with MiniWoB's own reward mapped to success (1.0 / 0.0),
-two actions an episode (a reply that names no valid action gets the page back once).
+Tasks are single-click MiniWoB++ pages at numbered seeds; held-out seeds are never trained on.
+`WEB_TASKS` (`miniwob:click-tab`, `focus-text-2`, `click-dialog-2`, `click-button`) is the set
+for a real checkpoint; `TINY_WEB_TASKS` leaves out click-button for the ~0.3M-parameter byte
+model: finding a random word among the buttons is beyond it (imitating 1,920 demonstrations
+that are all right, it clicked the right button on 2 of 12 held-out pages, about chance,
+against 12 of 12 on each of the other three). The environment is `BrowserEnvironment` with MiniWoB's own reward mapped
+to success (1.0 / 0.0), two actions an episode (a reply that names no valid action gets the
+page back once).
 
-`CompactWebAgent` shows the ~0.3M-parameter byte-level model only what the task needs: the
-instruction and one short line per control (`3 OK`, `1 input`), and reads its reply with
-`parse_browser_action` (`click 3`). A real checkpoint (`make_agent(compact=False)`) reads the
-full text view under a system prompt that explains the actions.
+`CompactWebAgent` shows the byte-level model only what the task needs: the instruction and one
+short line per control (`3 OK`, `1 input`), and reads its reply with `parse_browser_action`
+(`click 3`). A real checkpoint (`make_agent(compact=False)`) reads the full text view under a
+system prompt that explains the actions.
 
 Warm-start demonstrations come from a noisy scripted demonstrator: it reads the instruction
 and clicks the right control, but clicks a random one with probability `noise`. Their
@@ -36,11 +40,15 @@ from agentax.envs import (
 )
 from agentax.records import Action, Message, Observation, Task
 
-__all__ = ["CompactWebAgent", "WEB_TASKS", "compact_view", "demos", "make_agent", "make_env",
+__all__ = ["CompactWebAgent", "TINY_WEB_TASKS", "WEB_TASKS", "compact_view", "demos", "make_agent", "make_env",
            "scripted_target", "tasks"]
 
 WEB_TASKS = ("click-tab", "focus-text-2", "click-dialog-2", "click-button")
-"""The MiniWoB++ pages the recipe trains on (one click solves each)."""
+"""The MiniWoB++ pages a real checkpoint trains on (one click solves each)."""
+
+TINY_WEB_TASKS = ("click-tab", "focus-text-2", "click-dialog-2")
+"""The pages the tiny byte-level model trains on (`agentax train web`): `WEB_TASKS` less
+click-button."""
 
 _CONTROL = re.compile(r'^\[(\d+)\] (\w+)(?: (?!")\S+)?(?: "([^"]*)")?')
 _ORDINAL = re.compile(r"(\d+)(?:st|nd|rd|th)\b")
