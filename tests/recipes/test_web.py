@@ -57,3 +57,12 @@ def test_compact_view_keeps_feedback_and_controls():
             '[2] tab "Tab #2"\n[3] input text ""')
     assert web.compact_view(text) == "Invalid action: no action found\nClick on Tab #2.\n1 Tab #1\n2 Tab #2\n3 input"
     assert web.scripted_target(text) == 2
+
+
+def test_the_shipped_recipe_trains_on_the_tiny_task_set():
+    from agentax.cli import load_config
+    from agentax.recipes import recipe_path
+
+    cfg = load_config(recipe_path("web"))
+    assert tuple(cfg.tasks.kwargs["names"]) == web.TINY_WEB_TASKS
+    assert set(web.TINY_WEB_TASKS) < set(web.WEB_TASKS)
