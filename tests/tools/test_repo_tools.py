@@ -82,3 +82,34 @@ def test_workdir_is_copied_not_modified(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         Sandbox(workdir=tmp_path / "missing")
     assert os.path.isdir(tmp_path)
+
+
+def test_host_file_operations_never_follow_links(tmp_path):
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "h.txt").write_text("host")
+    with Sandbox(SandboxConfig(timeout_s=5.0), files={"a/b.txt": "B", "a/c/d.txt": "D"}) as sb:
+        asyncio.run(sb.run_bash(f"ln -s {host} a/out; ln -s b.txt a/inner; chmod +x a/b.txt"))
+        assert sb.list_files() == ["a/b.txt", "a/c/d.txt", "a/inner", "a/out"]
+        for bad in ("a/out/h.txt", "a/inner", "/etc/passwd", "a/../../x", "a/\0"):
+            with pytest.raises(SandboxPathError):
+                sb.read_file(bad)
+        with pytest.raises(SandboxPathError, match="link"):
+            sb.write_file("a/out/new.txt", "x")
+        with pytest.raises(SandboxPathError, match="link"):
+            sb.write_file("a/inner", "x")
+        with pytest.raises(SandboxPathError, match="directory"):
+            sb.write_file("a/c", "x")
+        sb.write_file("a/b.txt", "B2")  # replaced, keeping the file's mode
+        assert sb.read_file("/workspace/a/x/../b.txt") == "B2"
+        assert os.stat(sb.workdir / "a" / "b.txt").st_mode & 0o777 == 0o755
+        sb.rename("a/c", "e/f")
+        assert sb.read_file("e/f/d.txt") == "D"
+        n = sb.copy_out("a", tmp_path / "copy")
+        assert n == 2 and sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["b.txt"]
+        sb.remove("a/out")  # the link, not what it points to
+        sb.remove("e")
+        assert sb.list_files() == ["a/b.txt", "a/inner"]
+        with pytest.raises(SandboxPathError, match="no such"):
+            sb.remove("e")
+    assert (host / "h.txt").read_text() == "host" and sorted(os.listdir(host)) == ["h.txt"]

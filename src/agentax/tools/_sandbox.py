@@ -39,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentax.tools import _isolation, _quota
+from agentax.tools import _isolation, _quota, _sandbox_fs
+from agentax.tools._sandbox_fs import SandboxPathError
 
 __all__ = [
     "SandboxConfig",
@@ -53,10 +54,6 @@ __all__ = [
 
 class SandboxUnavailableError(RuntimeError):
     """Isolation cannot be set up on this host; the message says why and what to install."""
-
-
-class SandboxPathError(ValueError):
-    """A path given to a sandbox file helper is outside the workdir, missing, or not a file."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,8 +174,12 @@ class _Quotas:
         """The tmpfs mount point holding work/ and tmp/ (scripts/ stays outside the quota)."""
         self.mounted = False
         self.cgroup: _quota.Cgroup | None = None
+        self.files: _sandbox_fs.WorkdirFS | None = None
+        """The workdir's descriptor, through which the host reads and writes its files."""
 
     def release(self) -> None:
+        if self.files is not None:
+            self.files.close()
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.mounted:
@@ -300,6 +301,7 @@ class Sandbox:
             os.makedirs(self._work)
         os.makedirs(self._tmp)
         os.makedirs(self._scripts, mode=0o755)
+        quotas.files = _sandbox_fs.WorkdirFS(self._work, self._uid)
         for rel, content in (files or {}).items():
             self.write_file(rel, content)
         self._chown_tree()
@@ -348,69 +350,58 @@ class Sandbox:
     def resolve(self, path: str) -> Path:
         """Host path of `path` (relative to the workdir, or under /workspace), kept inside it.
 
+        For messages and for programs run inside the sandbox: the host never opens a workdir path
+        by name (sandboxed code could swap a directory on the way for a link at any moment); use
+        `read_file`, `write_file`, `list_files`, `remove`, `rename` and `copy_out`, which walk
+        the path from a descriptor of the workdir without following links (`_sandbox_fs.py`).
+
         Raises:
-            SandboxPathError: the path (after following symlinks) leaves the workdir.
+            SandboxPathError: the path leaves the workdir, or a link or non-directory is on the way.
         """
-        if self.closed:
+        return self._fs().check(path)
+
+    def _fs(self) -> _sandbox_fs.WorkdirFS:
+        fs = self._quotas.files
+        if fs is None or self.closed:
             raise SandboxPathError("the sandbox is closed")
-        p = str(path)
-        prefix = _isolation.SANDBOX_WORKDIR
-        if p == prefix or p.startswith(prefix + "/"):
-            p = p[len(prefix) :].lstrip("/")
-        root = os.path.realpath(self._work)
-        full = os.path.realpath(os.path.join(root, p))
-        if os.path.commonpath([root, full]) != root:
-            raise SandboxPathError(f"path {path!r} is outside the working directory")
-        return Path(full)
+        return fs
 
     def read_file(self, path: str, *, max_bytes: int = 2**20) -> str:
         """Text of a regular file in the workdir (at most `max_bytes`, decoded leniently)."""
-        full = self.resolve(path)
-        try:
-            st = os.stat(full)
-        except OSError:
-            raise SandboxPathError(f"no such file: {path}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise SandboxPathError(f"{path} is not a regular file")
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(max_bytes)
-        return data.decode("utf-8", errors="replace")
+        return self._fs().read(path, max_bytes).decode("utf-8", errors="replace")
+
+    def read_bytes(self, path: str, *, max_bytes: int = 2**20) -> bytes:
+        """Bytes of a regular file in the workdir (at most `max_bytes`)."""
+        return self._fs().read(path, max_bytes)
 
     def write_file(self, path: str, content: str | bytes) -> Path:
-        """Creates or replaces a file in the workdir (parents created); returns its host path."""
+        """Creates or replaces a file in the workdir (parents created); returns its host path.
+
+        A link at `path` is refused, never written through."""
         data = content.encode() if isinstance(content, str) else bytes(content)
         if len(data) > self.config.max_file_mb * 2**20:
             raise SandboxPathError(f"content of {path} is larger than max_file_mb")
-        full = self.resolve(path)
-        if full == Path(os.path.realpath(self._work)):
-            raise SandboxPathError("cannot write to the working directory itself; give a file name")
-        parent = full.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        if full.is_dir():
-            raise SandboxPathError(f"{path} is a directory")
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if self._uid is not None:
-            d = full
-            while d != Path(self._work) and str(d).startswith(self._work):
-                os.lchown(d, self._uid, self._uid)
-                d = d.parent
-        return full
+        fs = self._fs()
+        fs.write(path, data)
+        return Path(fs.root, *_sandbox_fs.split(path))
 
     def list_files(self, path: str = ".", *, max_entries: int = 1000) -> list[str]:
-        """Relative paths of the files under `path` (sorted, hidden dirs skipped)."""
-        base = self.resolve(path)
-        root = os.path.realpath(self._work)
-        out: list[str] = []
-        for d, dirs, names in os.walk(base):
-            dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-            for n in sorted(names):
-                out.append(os.path.relpath(os.path.join(d, n), root))
-                if len(out) >= max_entries:
-                    return sorted(out)
-        return sorted(out)
+        """Relative paths of the files (and links) under `path` (sorted, hidden dirs skipped)."""
+        return self._fs().walk(path, max_entries)
+
+    def remove(self, path: str) -> None:
+        """Deletes a file, link or directory tree of the workdir (a link is removed, not followed)."""
+        self._fs().remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Moves `src` to `dst` within the workdir (parents of `dst` created)."""
+        self._fs().rename(src, dst)
+
+    def copy_out(self, path: str, dest: str | os.PathLike[str], *, max_bytes: int | None = None) -> int:
+        """Copies a file or directory tree of the workdir to the host path `dest` (links are not
+        copied); returns the bytes copied. `max_bytes` defaults to `max_disk_mb`."""
+        limit = self.config.max_disk_mb * 2**20 if max_bytes is None else max_bytes
+        return self._fs().copy_out(path, dest, max_bytes=limit)
 
     # ------------------------------------------------------------------ running
 

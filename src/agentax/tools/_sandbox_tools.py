@@ -94,7 +94,8 @@ def repo_tools(
     Returns, in order: list_files(path), read_file(path, start_line, end_line),
     search(pattern, path, regex), write_file(path, content),
     replace_in_file(path, old, new), and run_tests(target) if `test_command` is not None.
-    File access is confined to the workdir (symlinks leading out are refused).
+    File access is confined to the workdir and never follows links, so code running in the
+    sandbox at the same time cannot redirect it (docs/sandbox.md).
     """
     timeout = sandbox.config.timeout_s + _GRACE_S
 
