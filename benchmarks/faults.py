@@ -30,6 +30,11 @@ the CPU: no SFT, no evaluation episodes), and the run directory is checked after
   the run resumes once there is room.
 * `max_exit_s`: the slowest of the stops above (from the process start for runs that stop on
   their own, from the signal for signals).
+* A path race (tests/tools/sandbox_race.py): sandboxed code swaps a directory and a file of
+  its workdir for links to host folders, /proc/self/root and another sandbox's workdir while
+  the host reads, writes, edits, lists, removes, renames and copies out paths inside them
+  (10 s per operation; 1 s with --quick); survived when no host file was created or changed
+  and no host byte was read.
 * Bad inputs (tests/faults/fault_helpers.py `bad_inputs`): each must be answered by exactly
   one `agentax CMD: error:` line with a non-zero exit and no traceback. The full run starts a
   process per input; --quick calls `agentax.cli.main` in this process.
@@ -355,6 +360,28 @@ def sandbox_attacks() -> list[dict]:
     return out
 
 
+def fault_sandbox_race(seconds: float) -> dict:
+    """Sandboxed code swapping directories and files for links while the host works on them."""
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    from sandbox_race import OPERATIONS, race
+
+    from agentax.tools import SandboxUnavailableError, check_sandbox_available
+
+    kind = f"sandbox path race ({len(OPERATIONS)} host operations x {seconds:g} s)"
+    try:
+        check_sandbox_available()
+    except SandboxUnavailableError as e:
+        return {"kind": kind, "ok": False, "data_lost": 0, "note": f"no sandbox here: {e}"}
+    rows = [race(op, seconds) for op in OPERATIONS]
+    effects = sum(r["host_files_created"] + r["host_files_changed"] + r["host_bytes_read"] for r in rows)
+    ok = effects == 0 and all(r["other_errors"] == 0 and r["swaps"] > 0 for r in rows)
+    note = (f"{sum(r['swaps'] for r in rows)} swaps, {sum(r['calls'] for r in rows)} host calls "
+            f"({sum(r['refused'] for r in rows)} refused); host files created/changed "
+            f"{sum(r['host_files_created'] + r['host_files_changed'] for r in rows)}, "
+            f"host bytes read {sum(r['host_bytes_read'] for r in rows)}")
+    return {"kind": kind, "ok": ok, "data_lost": 0, "note": note}
+
+
 def try_bad_inputs(root: Path, *, in_process: bool) -> list[dict]:
     from agentax.cli import main
 
@@ -413,6 +440,7 @@ def main() -> None:
                     print("disk-full cases skipped: no tmpfs can be mounted here")
         bad = try_bad_inputs(root, in_process=opts.quick)
     attacks = sandbox_attacks()
+    faults.append(fault_sandbox_race(1.0 if opts.quick else 10.0))
 
     print("| fault injected | ended correctly | data lost | note |")
     print("|---|---|---|---|")
