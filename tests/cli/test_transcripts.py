@@ -189,3 +189,11 @@ def test_step_ranges_and_printable_text():
     assert parse_steps("3") == (3, 3) and parse_steps("2:5") == (2, 5)
     assert parse_steps(":4") == (None, 4) and parse_steps("4:") == (4, None)
     assert printable("a\x1b[2Jb\nc\td") == "a\\x1b[2Jb\nc\td"
+
+
+def test_a_black_box_agents_return_value_is_shown_last():
+    from agentax.cli._show import conversation
+
+    record = {"messages": [{"role": "user", "content": "q"}], "agent_returned": "str: 825"}
+    assert conversation(record)[-1] == ("agent", "returned: its final answer, not a reward", "str: 825")
+    assert len(conversation({"messages": [{"role": "user", "content": "q"}]})) == 1

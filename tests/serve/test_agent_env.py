@@ -16,7 +16,7 @@ from agentax.agents import ModelAgent
 from agentax.models import Transformer
 from agentax.records import SamplingParams, Task, TrajectoryStatus
 from agentax.rollout import Collector, CollectorConfig
-from agentax.serve import OpenAIAgentEnvironment
+from agentax.serve import OpenAIAgentEnvironment, Reward
 
 TASK = Task(id="t1", prompt="Say yes.", answer="yes")
 # Generous limits: the first calls compile kernels, and CI machines can be loaded.
@@ -32,7 +32,7 @@ async def two_turn_agent(client, task):
     r = await client.chat.completions.create(model="agentax", messages=msgs, temperature=0.0)
     msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
     await client.chat.completions.create(model="agentax", messages=msgs)
-    return 0.5
+    return Reward(0.5)
 
 
 def test_sdk_agent_becomes_a_token_exact_trajectory(recording, tok):
@@ -58,7 +58,7 @@ def test_the_episode_client_streams(recording, tok):
                 model="m", messages=[{"role": "user", "content": task.prompt}], stream=True):
             if chunk.choices and chunk.choices[0].delta.content:
                 parts.append(chunk.choices[0].delta.content)
-        return float(len("".join(parts)))
+        return Reward(float(len("".join(parts))))
 
     async def main():
         col = collector(recording, tok, lambda: OpenAIAgentEnvironment(streamer))
@@ -110,6 +110,40 @@ def test_budget_timeout_reward_fn_and_agent_errors(recording, tok):
     assert out["slow"].status == TrajectoryStatus.TIMEOUT and out["slow"].num_generated > 0
     assert out["broken"].status == TrajectoryStatus.ENV_ERROR and "oops" in out["broken"].info["error"]
     assert out["silent"].status == TrajectoryStatus.OK and out["silent"].reward == 2.0
+
+
+def test_a_returned_value_is_the_final_answer_never_a_reward(recording, tok, caplog):
+    """An agent that returns its answer ("825", 825, an SDK output object) has it judged by
+    reward_fn and shown in the transcript; with nothing to score it, the reward is 0 and one
+    warning line names the agent, once."""
+    seen = []
+
+    async def answers(client, task):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": task.prompt}])
+        return "825" if task.id == "str" else 825 if task.id == "int" else {"answer": 825}
+
+    def judge(task, final_answer):
+        seen.append(final_answer)
+        return 1.0 if "825" in final_answer else 0.0
+
+    async def main(**kw):
+        col = collector(recording, tok, lambda: OpenAIAgentEnvironment(answers, **kw))
+        return [await col.run_episode(Task(id=i, prompt="q"), seed=1) for i in ("str", "int", "obj", "str")]
+
+    judged = asyncio.run(main(reward_fn=judge))
+    assert [t.reward for t in judged] == [1.0, 1.0, 1.0, 1.0]
+    assert seen == ["825", "825", '{"answer": 825}', "825"]
+    assert [t.info["final_answer"] for t in judged] == seen
+    assert judged[0].info["agent_returned"] == "str: 825"
+    with caplog.at_level("WARNING", logger="agentax.serve._env"):
+        unscored = asyncio.run(main())
+    assert [t.reward for t in unscored] == [0.0] * 4 and all(t.status == TrajectoryStatus.OK for t in unscored)
+    lines = [r.getMessage() for r in caplog.records if "final answer" in r.getMessage()]
+    assert len(lines) == 1 and "answers" in lines[0] and "'825'" in lines[0] and "Reward(" in lines[0]
+    with pytest.raises(TypeError, match="number"):
+        Reward("1.0")
+    with pytest.raises(ValueError, match="finite"):
+        Reward(float("nan"))
 
 
 def test_a_prompt_over_the_budget_fails_first_and_truncates_later(recording, tok):

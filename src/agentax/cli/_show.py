@@ -133,7 +133,8 @@ def _action_line(turn: dict[str, Any]) -> str:
 
 def conversation(record: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(role, label detail, text) per message; an assistant message shows its model call's raw
-    text (special tokens kept) and what was parsed from it. Without messages, the turns.
+    text (special tokens kept) and what was parsed from it. Without messages, the turns. A
+    black-box agent's return value comes last.
     Control characters are shown escaped (`printable`)."""
     turns = list(record.get("turns") or [])
     messages = list(record.get("messages") or [])
@@ -154,6 +155,8 @@ def conversation(record: dict[str, Any]) -> list[tuple[str, str, str]]:
         elif role == "tool" and m.get("name"):
             detail = str(m["name"])
         out.append((role, detail, printable(text)))
+    if record.get("agent_returned"):
+        out.append(("agent", "returned: its final answer, not a reward", printable(str(record["agent_returned"]))))
     return out
 
 

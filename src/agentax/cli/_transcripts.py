@@ -99,6 +99,8 @@ def episode_record(traj: Trajectory, tokenizer: Any, *, phase: str, step: int, s
         record["group_rewards"] = [float(r) for r in group_rewards]
     if "error" in traj.info:
         record["error"] = str(traj.info["error"])
+    if "agent_returned" in traj.info:
+        record["agent_returned"] = str(traj.info["agent_returned"])
     return record
 
 

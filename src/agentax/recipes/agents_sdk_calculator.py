@@ -35,7 +35,7 @@ from agentax.recipes._calculator import _near_miss
 from agentax.recipes._tasks import PromptToolAgent
 from agentax.recipes.openai_calculator import _arithmetic
 from agentax.records import Message, Task, ToolCall
-from agentax.serve import OpenAIAgentEnvironment
+from agentax.serve import OpenAIAgentEnvironment, Reward
 
 __all__ = ["INSTRUCTIONS", "MAX_TURNS", "build_agent", "demos", "make_agent", "make_env",
            "run_agent", "tasks", "tool_schemas"]
@@ -81,13 +81,13 @@ def build_agent(client: Any) -> Any:
     )
 
 
-async def run_agent(client: Any, task: Task) -> float:
+async def run_agent(client: Any, task: Task) -> Reward:
     """One episode: `Runner.run` on the question; the reward is 1 for the exact number."""
     from agents import RunConfig, Runner
 
     result = await Runner.run(build_agent(client), task.prompt, max_turns=MAX_TURNS,
                               run_config=RunConfig(tracing_disabled=True))
-    return 1.0 if str(result.final_output) == str(task.answer) else 0.0
+    return Reward(1.0 if str(result.final_output) == str(task.answer) else 0.0)
 
 
 def make_env(**kwargs: Any) -> OpenAIAgentEnvironment:

@@ -45,7 +45,7 @@ from typing import Any
 from agentax.recipes import bash as _bash
 from agentax.recipes._tasks import PromptToolAgent
 from agentax.records import Message, Task
-from agentax.serve import OpenAIAgentEnvironment
+from agentax.serve import OpenAIAgentEnvironment, Reward
 from agentax.tools import Sandbox, SandboxConfig
 
 __all__ = ["INSTANCE_TEMPLATE", "MAX_STEPS", "SUBMIT", "SYSTEM_TEMPLATE", "build_agent",
@@ -153,13 +153,13 @@ def _episode(base_url: str, api_key: str, timeout_s: float | None, task: Task,
         return _bash._check(sandbox, task, "")
 
 
-async def run_agent(client: Any, task: Task) -> float:
+async def run_agent(client: Any, task: Task) -> Reward:
     """One episode at the endpoint behind `client` (only its URL, key and timeout are used:
     LiteLLM makes its own connection). The reward is the out.txt check."""
     loop = asyncio.get_running_loop()
     timeout = client.timeout if isinstance(client.timeout, (int, float)) else None
-    return await loop.run_in_executor(_episode_pool(), _episode, str(client.base_url).rstrip("/"),
-                                      client.api_key, timeout, task, loop)
+    return Reward(await loop.run_in_executor(_episode_pool(), _episode, str(client.base_url).rstrip("/"),
+                                             client.api_key, timeout, task, loop))
 
 
 def make_env(**kwargs: Any) -> OpenAIAgentEnvironment:

@@ -1,7 +1,6 @@
 """`OpenAIAgentEnvironment`: train an agent written against the OpenAI API, unchanged.
 
-The agent is a black box: an `async def run(client: openai.AsyncOpenAI, task) -> reward | None`
-or any program run as a subprocess with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set. It calls the
+The agent is a black box: an `async def run(client: openai.AsyncOpenAI, task)` or any program run as a subprocess with `OPENAI_BASE_URL` / `OPENAI_API_KEY` set. It calls the
 model itself; this environment gives each episode its own session on the engine's endpoint
 (`ChatServer`, started once per engine on the collector's loop) and returns the session as the
 episode's `Trajectory` (see `agentax.serve._session` for the continuation rule).
@@ -13,9 +12,12 @@ sampling and per-episode seed), and the collector adds its reward stage, account
 engine-sequence cleanup as for every episode. Weight updates apply mid-episode; each token
 carries the policy version that produced it.
 
-The reward, first that applies: the value `run` returns (not None); a `{"reward": x}` POSTed
-to `OPENAI_BASE_URL + "/reward"`; `reward_fn(task, final_answer)` on the last reply without a
-tool call; else 0 (and the collector's own `reward_fn` is added, as for any environment).
+The reward, first that applies: a `Reward(x)` that `run` returns; a `{"reward": x}` POSTed to
+`OPENAI_BASE_URL + "/reward"`; `reward_fn(task, final_answer)`; else 0 (and the collector's own
+`reward_fn` is added, as for any environment). Any other value `run` returns -- a string, a
+number, the SDK's `final_output` -- is the episode's final answer, not a reward: it is what
+`reward_fn` judges (instead of the last reply without a tool call) and what the transcript
+shows; when nothing scores it, one warning line names the agent.
 
 An exception the agent raises is the environment's failure (`ENV_ERROR`, which drops the
 episode's whole group from training) unless it is an outcome of what the model did:
@@ -32,7 +34,10 @@ episode's whole group from training) unless it is an outcome of what the model d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
+import math
 import os
 import time
 import weakref
@@ -44,7 +49,47 @@ from agentax.records import Action, SamplingParams, StepResult, Task, Trajectory
 from agentax.serve._server import shared_server
 from agentax.serve._session import SessionLimits
 
-__all__ = ["AGENT_OUTCOMES", "OpenAIAgentEnvironment"]
+__all__ = ["AGENT_OUTCOMES", "OpenAIAgentEnvironment", "Reward"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """A reward a black-box agent's `run` returns explicitly: `return Reward(1.0)`.
+
+    Anything else `run` returns is its final answer, never a reward (a returned "825" is not
+    worth 825).
+    """
+
+    value: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)):
+            raise TypeError(f"Reward(value) takes a number, got {type(self.value).__name__} {self.value!r}")
+        if not math.isfinite(self.value):
+            raise ValueError(f"Reward(value) must be finite, got {self.value}")
+        object.__setattr__(self, "value", float(self.value))
+
+
+def _answer_text(value: Any) -> str:
+    """A returned non-reward value as the episode's final answer text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    dump = getattr(value, "model_dump_json", None)  # pydantic output types of SDK agents
+    if callable(dump):
+        try:
+            return str(dump())
+        except Exception:  # noqa: BLE001 - fall back to str()
+            pass
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            return json.dumps(value, default=str)
+        except (TypeError, ValueError):
+            pass
+    return str(value)
 
 AGENT_OUTCOMES: Mapping[str, TrajectoryStatus] = {
     "agents.exceptions.MaxTurnsExceeded": TrajectoryStatus.TRUNCATED,
@@ -57,6 +102,8 @@ class (or of a base class), and the status each ends an episode with (default `o
 _CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """`_SharedClientState` of each event loop."""
 _CLOSERS: set[asyncio.Task] = set()
+_WARNED_AGENTS: set[str] = set()
+"""Agents whose unscored return value was already reported (one line per agent and process)."""
 
 
 class _SharedClientState:
@@ -147,17 +194,19 @@ def _shared_client_state() -> _SharedClientState:
     return state
 
 
-AgentFn = Callable[[Any, Task], Awaitable[float | None]]
+AgentFn = Callable[[Any, Task], Awaitable[Any]]
 
 
 class OpenAIAgentEnvironment(Environment):
     """Runs a black-box OpenAI-API agent for one episode and records it token-exactly.
 
     Args:
-      run: `async def run(client: openai.AsyncOpenAI, task) -> float | None`.
+      run: `async def run(client: openai.AsyncOpenAI, task)`, returning `Reward(x)`, None, or
+        its final answer (any other value: the text `reward_fn` judges).
       command: instead of `run`, a program (argv) run as a subprocess with OPENAI_BASE_URL,
         OPENAI_API_KEY and AGENTAX_TASK (the task as JSON) in its environment.
-      reward_fn: `(task, final_answer) -> float` when neither `run` nor the program reports one.
+      reward_fn: `(task, final_answer) -> float` when neither `run` nor the program reports a
+        reward; the final answer is what `run` returned, else the last reply without a tool call.
       tool_format: tool-call parser of the endpoint ("hermes", "llama3").
       model: the model name the agent's client is told to use (informational).
       outcomes: exceptions (classes, or qualified class names) that end an episode with the
@@ -177,7 +226,7 @@ class OpenAIAgentEnvironment(Environment):
         if (run is None) == (command is None):
             raise ValueError("OpenAIAgentEnvironment needs exactly one of run=async fn or command=[argv]")
         if run is not None and not asyncio.iscoroutinefunction(run):
-            raise TypeError("run must be an async function: async def run(client, task) -> reward | None")
+            raise TypeError("run must be an async function: async def run(client, task)")
         self.run_fn, self.command = run, list(command) if command else None
         self.reward_fn, self.tool_format, self.model = reward_fn, tool_format, model
         merged: dict[str, TrajectoryStatus | None] = dict(AGENT_OUTCOMES)
@@ -241,21 +290,50 @@ class OpenAIAgentEnvironment(Environment):
             status, reason = TrajectoryStatus.TRUNCATED, session.truncated
         if status == TrajectoryStatus.OK and not session.counts["calls"]:
             status, reason = TrajectoryStatus.ENV_ERROR, "no_model_call"
+        explicit, answer = None, None
+        if isinstance(returned, Reward):
+            explicit = returned.value
+        elif returned is not None:
+            answer = _answer_text(returned)
+            info["final_answer"] = answer
+            info["agent_returned"] = f"{type(returned).__name__}: {answer[:500]}"
         reward = 0.0
         try:
-            if returned is not None:
-                reward = float(returned)
+            if explicit is not None:
+                reward = explicit
             elif session.reward is not None:
                 reward = session.reward
             elif self.reward_fn is not None and status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED):
-                reward = await compute_reward(self.reward_fn, task, session.final_answer,
+                reward = await compute_reward(self.reward_fn, task,
+                                              session.final_answer if answer is None else answer,
                                               timeout_s=config.reward_timeout_s)
+            elif answer is not None:
+                self._warn_unscored(returned, answer)
         except Exception as e:  # noqa: BLE001 - a bad reward is a typed status, not a crash
             status, reason = TrajectoryStatus.REWARD_ERROR, "reward_error"
             info["error"] = f"{type(e).__name__}: {e}"[:500]
         return session.trajectory(reward, status, task_id=task.id,
                                   info={"reason": reason, "turns": session.counts["calls"], **info},
                                   timings={"agent_s": time.perf_counter() - t0})
+
+    def agent_name(self) -> str:
+        """The agent, as a person would look it up: `module.function` or the command line."""
+        if self.run_fn is not None:
+            fn = self.run_fn
+            return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        return " ".join(self.command or ())
+
+    def _warn_unscored(self, returned: Any, answer: str) -> None:
+        """One line per agent (per process) when `run` returned a value that nothing scores."""
+        name = self.agent_name()
+        if name in _WARNED_AGENTS:
+            return
+        _WARNED_AGENTS.add(name)
+        log.warning(
+            "agent %s returned %s %r, which agentax keeps as the episode's final answer, not as a "
+            "reward: pass reward_fn=(task, final_answer) -> float to OpenAIAgentEnvironment to score "
+            "it, or return agentax.serve.Reward(x); this episode's reward is 0 (plus the run's own "
+            "reward function, if it has one)", name, type(returned).__name__, answer[:80])
 
     def _raised(self, error: BaseException, rejected: str | None) -> tuple[TrajectoryStatus, str]:
         """(status, reason) of an episode whose agent raised `error`."""
@@ -267,7 +345,7 @@ class OpenAIAgentEnvironment(Environment):
         return TrajectoryStatus.ENV_ERROR, "agent_error"
 
     async def _run_agent(self, base_url: str, api_key: str, task: Task, config: Any,
-                         endpoint: tuple[str, int] | None = None) -> float | None:
+                         endpoint: tuple[str, int] | None = None) -> Any:
         if self.run_fn is not None:
             shared = _shared_client_state()
             client = shared.client(base_url, api_key, config.model_timeout_s, endpoint=endpoint)
