@@ -22,14 +22,22 @@ def test_test_module_basenames_are_unique():
 
 
 LAYER = {
+    "_aio": 0, "_executors": 0,
     "trace": 1, "config": 1, "records": 1,
     "models": 2, "text": 2,
     "agents": 3, "envs": 3, "tools": 3, "rewards": 3,
     "engine": 4, "algos": 4,
-    "rollout": 5, "train": 5,
+    "rollout": 5, "train": 5, "serve": 5,
     "pipeline": 6, "scale": 6,
     "cli": 7, "recipes": 7,
+    "__init__": 8, "__main__": 8,
 }
+
+
+def test_every_package_and_module_has_a_layer():
+    found = {p.name.removesuffix(".py") for p in SRC.iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    assert sorted(found - set(LAYER)) == [], "give each new package a layer in LAYER (docs/design.md)"
 
 
 def _imports(path: pathlib.Path):
@@ -106,3 +114,22 @@ def test_nothing_cites_a_file_outside_the_repository():
              for m in re.findall(r"\]\(([\w./-]+\.md)\)", p.read_text())]
     broken = [f"{p.name} -> {m}" for p, m in links if not (p.parent / m).exists()]
     assert broken == []
+
+
+MAX_TRACKED_BYTES = 1_000_000
+BINARY_SUFFIXES = (".whl", ".tar.gz", ".zip", ".so", ".pyc", ".npz", ".npy", ".safetensors", ".bin", ".pt", ".msgpack")
+
+
+def test_no_large_or_build_files_are_tracked():
+    import subprocess
+
+    try:
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                                 timeout=60).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError) as e:  # not a git checkout (an sdist)
+        import pytest
+        pytest.skip(f"not a git checkout: {e}")
+    big = [f"{p} ({(ROOT / p).stat().st_size} bytes)" for p in tracked
+           if p and (ROOT / p).is_file() and (ROOT / p).stat().st_size > MAX_TRACKED_BYTES]
+    built = [p for p in tracked if p.endswith(BINARY_SUFFIXES)]
+    assert big == [] and built == [], "keep wheels, builds, weights and files over 1 MB out of git"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 from collections.abc import Sequence
 
 from agentax.records import Message, Task, ToolCall
@@ -40,9 +39,6 @@ __all__ = [
 
 CALCULATOR_OPS = ("+", "-", "*")
 """Operators of the generated questions."""
-
-_QUESTION = re.compile(r"What is (\d+)([-+*])(\d+)\?")
-
 
 def _calc(expr: str):
     return calculator.fn(expression=expr)

@@ -352,11 +352,8 @@ class TrainerBase:
         the model's dtype on the host in turn. With several processes every process calls it
         (process 0 writes).
         """
-        from agentax import models
-        save = getattr(models, "save_pretrained", None)
-        if save is None:
-            raise NotImplementedError("agentax.models.save_pretrained is not available in this "
-                                      "build; export params_for_engine() yourself")
+        from agentax.models import save_pretrained
+
         self._check_live("export_pretrained")
         sync("export_pretrained")  # save_pretrained all-gathers tensor by tensor
         if self.config.lora is not None:
@@ -365,7 +362,7 @@ class TrainerBase:
             state = self._params["model"]
             if jax.tree.leaves(self._rest):
                 state = nnx.merge_state(state, self._rest)
-        save(nnx.merge(self._plain_graphdef, state), path, **kwargs)
+        save_pretrained(nnx.merge(self._plain_graphdef, state), path, **kwargs)
 
     @property
     def num_compiles(self) -> int:
