@@ -105,7 +105,7 @@ from flax import nnx
 
 from agentax.engine import Engine, EngineConfig
 from agentax.models import ModelConfig, Transformer, save_pretrained
-from agentax.models._layers import attention, cached_attention
+from agentax.models._layers import attention
 from agentax.records import SamplingParams
 
 

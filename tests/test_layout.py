@@ -133,3 +133,20 @@ def test_no_large_or_build_files_are_tracked():
            if p and (ROOT / p).is_file() and (ROOT / p).stat().st_size > MAX_TRACKED_BYTES]
     built = [p for p in tracked if p.endswith(BINARY_SUFFIXES)]
     assert big == [] and built == [], "keep wheels, builds, weights and files over 1 MB out of git"
+
+
+def test_lint_finds_no_errors():
+    """ruff with the project's config (pyproject.toml [tool.ruff]): bugs such as undefined or
+    unused names, not style."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    ruff = shutil.which("ruff") or str(pathlib.Path(sys.executable).parent / "ruff")
+    if not pathlib.Path(ruff).exists():
+        pytest.skip("ruff is not installed (it is in the test extras)")
+    r = subprocess.run([ruff, "check", "--no-cache", "src", "tests", "benchmarks", "examples", "scripts"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

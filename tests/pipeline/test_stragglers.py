@@ -24,7 +24,7 @@ from agentax.pipeline import _pipeline
 # The default waits for 32 finished groups before any limit applies; these short runs have
 # fewer, so the limit applies after 8 (the rule is otherwise the default one).
 _EARLY_LIMIT = functools.partial(StragglerLimit, min_observed=8)
-from agentax.records import Observation, StepResult, Task, Trajectory, TrajectoryStatus
+from agentax.records import Observation, StepResult, Task, Trajectory, TrajectoryStatus  # noqa: E402
 
 HANG_S = 3600.0
 

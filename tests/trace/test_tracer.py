@@ -50,9 +50,9 @@ def test_episode_tracks_nest_across_await(tmp_path):
         on_track = [s for s in trace.spans if s.track == names.episode_track(i)]
         assert [s.name for s in on_track] == [names.EPISODE, names.MODEL_CALL, names.ENV_STEP,
                                               names.MODEL_CALL, names.ENV_STEP]
-        episode, *children = on_track
-        assert episode.depth == 0 and episode.args == {names.ARG_EPISODE_ID: i}
-        assert all(c.depth == 1 and episode.start_ns <= c.start_ns <= c.end_ns <= episode.end_ns
+        span, *children = on_track
+        assert span.depth == 0 and span.args == {names.ARG_EPISODE_ID: i}
+        assert all(c.depth == 1 and span.start_ns <= c.start_ns <= c.end_ns <= span.end_ns
                    for c in children)
         assert [c.args.get("turn") for c in children if c.name == names.ENV_STEP] == [0, 1]
     (train,) = trace.spans_named(names.TRAIN_STEP)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path

@@ -34,7 +34,6 @@ from agentax.records import SamplingParams
 from agentax.rollout import CollectorConfig
 from agentax.train import TrainerConfig
 from agentax.cli._yaml import (
-    _one_line,
     _short,
     base_path,
     paths_relative_to_file,

@@ -153,7 +153,6 @@ def _cmd_doctor(args) -> int:
 
 def _cmd_export(args) -> int:
     from agentax.cli._build import build_tokenizer, load_run_model
-    from agentax.cli._rundir import run_config
     from agentax.models import save_pretrained
 
     out = Path(args.out)

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import numpy as np

@@ -30,7 +30,6 @@ import os
 import secrets
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
