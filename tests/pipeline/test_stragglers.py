@@ -183,3 +183,17 @@ def test_straggler_factor_zero_waits_for_every_group():
 def test_straggler_factor_is_checked():
     with pytest.raises(ValueError, match="straggler_factor"):
         PipelineConfig(straggler_factor=0.5)
+
+
+def test_processes_admit_disjoint_groups():
+    """Process p of P takes data indices local*P + p: disjoint tasks, seeds and ids."""
+    from agentax.pipeline import Pipeline
+
+    tasks = [Task(id=f"t{i}", prompt=str(i)) for i in range(6)]
+    shards = [Pipeline(None, None, None, tasks, data_shard=(p, 2)) for p in range(2)]
+    keys = [[pl.data_index(i) for i in range(3)] for pl in shards]
+    assert keys == [[0, 2, 4], [1, 3, 5]]
+    assert [shards[1].task_for(k).id for k in keys[1]] == ["t1", "t3", "t5"]
+    assert Pipeline(None, None, None, tasks).data_shard == (0, 1)
+    with pytest.raises(ValueError, match="data_shard"):
+        Pipeline(None, None, None, tasks, data_shard=(2, 2))

@@ -22,7 +22,7 @@ TINY = [
     "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=8",
     "pipeline.filters=[]",
     "engine.max_slots=8", "eval.max_concurrency=8", "eval.samples=1",
-    "tracing.console=false",
+    "tracing.console=false", "tracing.transcripts_fraction=1.0",
 ]
 
 
@@ -81,3 +81,12 @@ def test_agentax_train_as_two_local_processes(tmp_path):
     assert [r["step"] for r in own if r.get("phase") == "rl"] == [1, 2]
     assert list(run.glob("*.perfetto-trace")) and list((run / "process_1").glob("*.perfetto-trace"))
     assert not (run / "process_0").exists()
+    # Data-parallel rollouts: the processes trained on disjoint groups (ids, tasks) with
+    # different samples, not two copies of the same episodes.
+    trained = [[json.loads(ln) for ln in (d / "transcripts.jsonl").read_text().splitlines()
+                if json.loads(ln)["phase"] == "train"] for d in (run, run / "process_1")]
+    groups = [{r["group_id"] for r in rows} for rows in trained]
+    assert all(groups) and not groups[0] & groups[1], groups
+    assert {r["task_id"] for r in trained[0]} != {r["task_id"] for r in trained[1]}
+    texts = [{t["raw"] for r in rows for t in r["turns"]} for rows in trained]
+    assert texts[0] != texts[1]

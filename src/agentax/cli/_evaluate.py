@@ -116,12 +116,22 @@ async def evaluate(
     max_concurrency: int = 32,
     seed: int = 0,
     keep: int = 0,
+    split: bool = True,
 ) -> list[EvalResult]:
     """Runs every task once greedily (if `greedy`) and `samples` times sampled.
 
     Episodes run concurrently (at most `max_concurrency`), batched by the engine. Each result
-    keeps its first `keep` episodes (`EvalResult.examples`).
+    keeps its first `keep` episodes (`EvalResult.examples`). With several processes each runs
+    its contiguous share of the tasks (same seeds as one process would use) and the results
+    are combined over all of them (a collective: every process calls this, at the same point
+    of the run). `split=False` runs every task here and combines nothing: for an evaluation
+    that overlaps training, whose own collectives run on another thread.
     """
+    from agentax.train import gather_objects, local_share
+
+    first = local_share(range(len(tasks))) if split else list(range(len(tasks)))
+    start = first[0] if first else 0
+    mine = list(tasks)[start:start + len(first)]
     results = []
     modes = ([("greedy", 1)] if greedy else []) + ([("sampled", samples)] if samples else [])
     gate = asyncio.Semaphore(max_concurrency)
@@ -138,12 +148,14 @@ async def evaluate(
                     task, seed=episode_seed(seed + 7919, i, r), group_id=f"eval-{mode}-{i}",
                     sample_index=r)
 
-        trajs = await asyncio.gather(*(one(i, t, r) for i, t in enumerate(tasks)
+        trajs = await asyncio.gather(*(one(start + i, t, r) for i, t in enumerate(mine)
                                        for r in range(repeats)))
         ok = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
+        rows = [(episode_metrics(t), t.status not in ok, cut_short(t)) for t in trajs]
+        rows = gather_objects(rows) if split else rows
         results.append(EvalResult(
-            mode=mode, metrics=aggregate(episode_metrics(t) for t in trajs), episodes=len(trajs),
-            failed=sum(t.status not in ok for t in trajs), cut=sum(map(cut_short, trajs)),
+            mode=mode, metrics=aggregate(m for m, _, _ in rows), episodes=len(rows),
+            failed=sum(f for _, f, _ in rows), cut=sum(c for _, _, c in rows),
             policy_version=version, seconds=time.perf_counter() - t0,
             examples=tuple(trajs[:keep])))
     return results

@@ -86,7 +86,8 @@ def _cmd_train(args) -> int:
 
     # Several processes (flags, JAX_COORDINATOR_ADDRESS, or srun): joined before anything
     # touches a device. Process 0 names the run directory; every process uses it.
-    several = initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    several = initialize_distributed(args.coordinator, args.num_processes, args.process_id,
+                                     timeout_s=args.join_timeout)
     main_process = is_main_process() if several else True
     cfg, resume_dir = _load(args, "train")
     run_dir = resume_dir or Path(broadcast_from_main(
@@ -246,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes in the job (default: JAX_NUM_PROCESSES)")
     p.add_argument("--process-id", type=int, metavar="I",
                    help="this process's index, 0..N-1 (default: JAX_PROCESS_ID)")
+    p.add_argument("--join-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for every process to join before failing with what is "
+                   "missing (default: 60)")
     with_config("sft", "supervised warm start only").set_defaults(fn=_cmd_sft)
     with_config("eval", "success rate and reward on held-out tasks (CONFIG may be a run dir)"
                 ).set_defaults(fn=_cmd_eval)
@@ -296,9 +300,9 @@ def _explains_itself(error: Exception) -> bool:
         if isinstance(error, RunFailed):
             return True
     if "agentax.train" in sys.modules:
-        from agentax.train import DiskFullError, NonFiniteUpdateError
+        from agentax.train import DiskFullError, JoinError, NonFiniteUpdateError
 
-        return isinstance(error, (NonFiniteUpdateError, DiskFullError))
+        return isinstance(error, (NonFiniteUpdateError, DiskFullError, JoinError))
     return False
 
 

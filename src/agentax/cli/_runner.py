@@ -248,13 +248,13 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
 
 
 async def _evaluate(cfg: RunConfig, engine, tokenizer, suite: TaskSuite, *, greedy=None,
-                    samples=None) -> list[EvalResult]:
+                    samples=None, split: bool = True) -> list[EvalResult]:
     e = cfg.eval
     return await evaluate(
         engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
         collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
         samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
-        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts)
+        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split)
 
 
 def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult],
@@ -512,7 +512,8 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         guard.step_logged()
 
     async def _mid_eval(step: int) -> None:
-        results = await _evaluate(cfg, engine, tokenizer, suite, greedy=True, samples=0)
+        # Overlaps training, whose collectives run on the trainer's thread: not split.
+        results = await _evaluate(cfg, engine, tokenizer, suite, greedy=True, samples=0, split=False)
         for r in results:
             rep.log(step, {"phase": "eval_mid", "policy_version": r.policy_version,
                            **r.to_metrics()})

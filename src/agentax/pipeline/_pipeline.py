@@ -135,7 +135,12 @@ class Pipeline:
         (`engine.update_weights(trainer.params_for_engine(live=True), version,
         in_place=True)`), anything else gets `engine.update_weights(
         trainer.params_for_engine(), version)`.
-      start_version / start_group: where a resumed run continues.
+      start_version / start_group: where a resumed run continues (`start_group`: this
+        process's own group counter, `next_group`).
+      data_shard: (this process's index, process count): with several processes each admits
+        the groups whose data index is `local index * count + process index`, so the
+        processes' tasks, seeds and group ids are disjoint and a step trains on the groups of
+        all of them; default: JAX's process index and count ((0, 1) in one process).
     """
 
     def __init__(
@@ -152,9 +157,17 @@ class Pipeline:
         publish: Callable[[Any, Any, int], None] | None = None,
         start_version: int = 0,
         start_group: int = 0,
+        data_shard: tuple[int, int] | None = None,
     ):
         if not callable(tasks) and len(tasks) == 0:
             raise ValueError("Pipeline needs at least one task")
+        if data_shard is None:
+            from agentax.train import process_count, process_index
+
+            data_shard = (process_index(), process_count())
+        if not (data_shard[1] >= 1 and 0 <= data_shard[0] < data_shard[1]):
+            raise ValueError(f"data_shard={data_shard} must be (index, count) with 0 <= index < count")
+        self.data_shard = (int(data_shard[0]), int(data_shard[1]))
         self.collector = collector
         self.trainer = trainer
         self.engine = engine
@@ -183,6 +196,10 @@ class Pipeline:
         self._waiting_since: float | None = None  # the trainer waits for groups since then
 
     # ------------------------------------------------------------------ shared pieces
+
+    def data_index(self, local_index: int) -> int:
+        """The data index of this process's `local_index`-th group (its task, seeds and id)."""
+        return local_index * self.data_shard[1] + self.data_shard[0]
 
     def task_for(self, group_index: int) -> Task:
         if callable(self.tasks):
@@ -252,8 +269,9 @@ class Pipeline:
 
     async def _run_group(self, index: int, episodes: asyncio.Semaphore,
                          members: _Members | None = None) -> Group:
-        task = self.task_for(index)
-        group_id = f"g{index}"
+        key = self.data_index(index)
+        task = self.task_for(key)
+        group_id = f"g{key}"
         members = members if members is not None else _Members()
 
         async def one(sample: int) -> Trajectory:
@@ -261,7 +279,7 @@ class Pipeline:
                 self.accounting.started += 1
                 members.started += 1
                 traj = await self.collector.run_episode(
-                    task, seed=episode_seed(self.config.seed, index, sample),
+                    task, seed=episode_seed(self.config.seed, key, sample),
                     group_id=group_id, sample_index=sample,
                 )
                 members.finished.append(traj)

@@ -16,11 +16,15 @@ from agentax.train._checkpoint import (
 from agentax.train._config import LoRAConfig, TrainerConfig
 from agentax.train._distributed import (
     broadcast_from_main,
+    gather_objects,
     initialize_distributed,
     is_main_process,
     local_share,
+    process_count,
+    process_index,
 )
 from agentax.train._memory import UpdateMemory, update_memory
+from agentax.train._preflight import JoinError
 from agentax.train._rl import RLTrainer, TrainMetrics
 from agentax.train._sft import SFTMetrics, SFTTrainer, sft_examples
 from agentax.train._sharding import DEFAULT_PARTITION_RULES, make_mesh, param_sharding_fn
@@ -29,7 +33,9 @@ from agentax.train._step import NonFiniteUpdateError
 __all__ = [
     "DamagedCheckpointError",
     "DiskFullError",
+    "JoinError",
     "broadcast_from_main",
+    "gather_objects",
     "check_space",
     "checkpoint_bytes",
     "DEFAULT_PARTITION_RULES",
@@ -46,6 +52,8 @@ __all__ = [
     "is_main_process",
     "latest_checkpoint_step",
     "local_share",
+    "process_count",
+    "process_index",
     "make_mesh",
     "param_sharding_fn",
     "read_checkpoint_meta",

@@ -73,7 +73,8 @@ def _cluster_detected() -> bool:
 
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None, process_id: int | None = None,
-                           *, auto: bool | None = None, timeout_s: int = 300) -> bool:
+                           *, auto: bool | None = None, timeout_s: float = 60.0,
+                           heartbeat_timeout_s: int = 30) -> bool:
     """Joins this process to a multi-process JAX job; returns whether it is one.
 
     Call it first, before anything touches a device (building a model, `jax.devices()`).
@@ -88,9 +89,14 @@ def initialize_distributed(coordinator_address: str | None = None,
       num_processes: processes in the job.
       process_id: this process's index, 0 .. num_processes - 1.
       auto: force (True) or skip (False) JAX's cluster detection when no address is given.
-      timeout_s: how long to wait for every process to join.
+      timeout_s: how long to wait for every process to join. With an explicit address the
+        processes first meet in `preflight` (`_preflight.py`), which fails within this time
+        naming the coordinator, the counts and any duplicate or missing ids.
+      heartbeat_timeout_s: how long JAX's coordination service waits for a silent (dead)
+        peer before ending the others.
     Raises:
       ValueError: an address without a process count and index (or the reverse).
+      JoinError: the processes could not be joined (the message says why).
     """
     global _initialized
     if _initialized:
@@ -116,11 +122,18 @@ def initialize_distributed(coordinator_address: str | None = None,
         return False
     if explicit and not 0 <= process_id < num_processes:
         raise ValueError(f"process id {process_id} is outside 0..{num_processes - 1}")
+    if timeout_s <= 0:
+        raise ValueError(f"the join timeout must be > 0 s, got {timeout_s}")
+    if explicit:
+        from agentax.train._preflight import preflight
+
+        preflight(coordinator_address, num_processes, process_id, timeout_s)
     # CPU collectives across processes need an implementation; GPU/TPU ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=timeout_s)
+                               initialization_timeout=max(1, int(timeout_s)),
+                               heartbeat_timeout_seconds=heartbeat_timeout_s)
     _initialized = True
     log.info("process %d of %d: %d local devices, %d in all", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())
