@@ -47,6 +47,15 @@ event loop is blocked for an hour (it stops answering).
   stuck_episodes_lost            episodes started minus episodes that finished ok (goal 0)
   stuck_requests_rerun           requests / conversations moved off the stuck replica
 
+Data-parallel rollouts (full run only: two fresh `agentax train` runs, ~2 min): the demo
+shrunk (no SFT, no evaluation, 2 RL steps of 2 groups x 2 samples, every trained episode in
+the transcripts) as 1 process x 2 CPU devices and as 2 processes x 2 CPU devices (one mesh,
+fsdp=4, `--coordinator`):
+  dp2_episodes_per_step_over_dp1   trained episodes per RL step, all processes together, of
+                                   the 2-process run over the 1-process run (goal 2.0)
+  dp2_duplicate_episode_fraction   share of process 1's trained episodes that repeat one of
+                                   process 0's (same task, same sampled text; goal 0)
+
 Usage: python benchmarks/scale.py [--quick]
 """
 
@@ -262,6 +271,60 @@ def measure_stuck_replica(replicas: list, stuck_after_s: float) -> dict:
     }
 
 
+DP_RUN = ["sft.steps=0", "run.steps=2", "tasks.num_train=64", "tasks.num_eval=2",
+          "pipeline.group_size=2", "pipeline.groups_per_step=2", "pipeline.max_concurrency=8",
+          "pipeline.filters=[]", "engine.max_slots=8", "eval.greedy=false", "eval.samples=0",
+          "tracing.console=false", "tracing.transcripts_fraction=1.0", "trainer.mesh={fsdp: 4}"]
+
+
+def _trained(run_dir: str) -> list[dict]:
+    """The trained episodes' transcripts a run directory (or a process's) holds."""
+    path = os.path.join(run_dir, "transcripts.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [r for r in map(json.loads, f.read().splitlines()) if r["phase"] == "train"]
+
+
+def _episode_key(record: dict) -> tuple:
+    return record["task_id"], tuple(t["raw"] for t in record["turns"])
+
+
+def measure_data_parallel() -> dict:
+    """The 1- and 2-process runs of `DP_RUN`; see the module docstring."""
+    import socket
+    import subprocess
+    import tempfile
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="agentax-dp-") as tmp:
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+        base = [sys.executable, "-m", "agentax", "train", *DP_RUN, f"run.runs_dir={tmp}"]
+        one = subprocess.run([*base, "run.name=dp1", "trainer.mesh={fsdp: 2}"], env=env,
+                             capture_output=True, text=True, timeout=900)
+        if one.returncode != 0:
+            return {"dp_error": one.stderr.strip().splitlines()[-1:]}
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen([*base, "run.name=dp2", "--coordinator", f"127.0.0.1:{port}",
+                                   "--num-processes", "2", "--process-id", str(i)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+        errs = [p.communicate(timeout=900)[1] for p in procs]
+        if any(p.returncode for p in procs):
+            return {"dp_error": [e.strip().splitlines()[-1:] for e in errs]}
+        dp1 = _trained(f"{tmp}/dp1")
+        p0, p1 = _trained(f"{tmp}/dp2"), _trained(f"{tmp}/dp2/process_1")
+        seen = {_episode_key(r) for r in p0}
+        repeats = sum(_episode_key(r) in seen for r in p1)
+        # Both runs train the same number of RL steps (DP_RUN's run.steps).
+        out["dp2_episodes_per_step_over_dp1"] = round((len(p0) + len(p1)) / max(len(dp1), 1), 3)
+        out["dp2_duplicate_episode_fraction"] = round(repeats / max(len(p1), 1), 3)
+        out["dp_trained_episodes_1_2"] = [len(dp1), len(p0) + len(p1)]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small run (< 1 min on two cores)")
@@ -317,6 +380,8 @@ def main() -> None:
         phase(f"weight sync done: {json.dumps(sync)}")
         stuck = measure_stuck_replica(replicas[:2], 5.0 if args.quick else 20.0)
         phase("stuck replica done")
+        dp = {} if args.quick else measure_data_parallel()
+        phase(f"data-parallel runs done: {json.dumps(dp)}")
     finally:
         for r in replicas:
             r.kill()
@@ -339,6 +404,7 @@ def main() -> None:
                      "2-CPU cluster"),
         **sync,
         **stuck,
+        **dp,
         "weight_sync_workload": (f"{NUM_REPLICAS} RayEngineReplica actors (num_cpus=0, same "
                                  "local Ray), each a real Engine over a 100.9 MB float32 model "
                                  "(tiny byte model, 4 layers, MLP width 32768, 46 tensors); "
