@@ -89,6 +89,7 @@ def _cmd_train(args) -> int:
     several = initialize_distributed(args.coordinator, args.num_processes, args.process_id,
                                      timeout_s=args.join_timeout)
     main_process = is_main_process() if several else True
+    results_out = _stdout_for_results() if several else None
     cfg, resume_dir = _load(args, "train")
     run_dir = resume_dir or Path(broadcast_from_main(
         str(make_run_dir(cfg, "train")) if main_process else None))
@@ -105,7 +106,7 @@ def _cmd_train(args) -> int:
                           f"`agentax train {run_dir}` continues from its newest checkpoint, "
                           "or starts over if it has none") from None
     if main_process:
-        _print_summary(summary)
+        _print_summary(summary, file=results_out)
     return 0
 
 
@@ -210,12 +211,22 @@ def _cmd_config(args) -> int:
     return 0
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: dict, file=None) -> None:
     import json
 
     keep = {k: summary[k] for k in ("run_dir", "eval_before", "eval_after", "eval", "wall_s")
             if k in summary}
-    print(json.dumps(keep, default=str))
+    print(json.dumps(keep, default=str), file=file, flush=True)
+
+
+def _stdout_for_results():
+    """With several processes, native libraries (gloo) print their connection lines on file
+    descriptor 1: point it at stderr, so stdout carries only the run's JSON summary, which is
+    written to the returned duplicate of the original stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(saved, "w")
 
 
 def build_parser() -> argparse.ArgumentParser:
