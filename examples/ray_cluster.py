@@ -30,7 +30,7 @@ from agentax.models import ModelConfig, Transformer
 from agentax.pipeline import Pipeline, PipelineConfig
 from agentax.records import SamplingParams, Task
 from agentax.rollout import Collector, CollectorConfig
-from agentax.scale import EngineRouter, RayEngineReplica, RayEnvPool, WeightSyncConfig
+from agentax.scale import EngineRouter, RayEngineReplica, RayEnvPool, WeightSyncConfig, connect_ray
 from agentax.scale.testing import SleepyEnv
 from agentax.text import ByteTokenizer
 from agentax.train import RLTrainer, TrainerConfig
@@ -65,7 +65,7 @@ def main() -> None:
     if args.address == "local":
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     else:
-        ray.init(address=args.address)
+        connect_ray(args.address)  # ray.init, with the cluster's token authentication
     ray.cloudpickle.register_pickle_by_value(__import__(__name__))  # the actors need build_engine
 
     model = Transformer(MODEL, rngs=nnx.Rngs(0))

@@ -172,6 +172,19 @@ def test_bad_factory_fails_episode_not_run():
     assert pool.stats().start_failures == 1
 
 
+def test_a_request_no_node_can_place_fails_at_once_naming_the_resource():
+    from agentax.scale import RayEngineReplica
+
+    with pytest.raises(ValueError, match=r"RayEnvPool asks for sandbox=1 per actor, but none of the 1 live"):
+        RayEnvPool(SleepyEnv, 1, num_cpus=0.25, resources={"sandbox": 1})
+    with pytest.raises(ValueError, match=r"CPU=64 per actor, but the most any of the 1 live node\(s\) has is 2"):
+        RayEnvPool(SleepyEnv, 1, num_cpus=64)
+    with pytest.raises(ValueError, match=r"RayEngineReplica asks for GPU=1"):
+        RayEngineReplica(lambda: None, num_gpus=1)
+    pool = RayEnvPool(SleepyEnv, 1, num_cpus=64, warm=False, check_feasible=False)  # autoscaling
+    pool.shutdown()
+
+
 class RepublishTrainer:
     """A trainer that learns nothing: it records the groups it is given and republishes the
     initial weights, so the pipeline's wiring, versions and accounting run for real."""

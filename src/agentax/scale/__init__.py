@@ -12,10 +12,12 @@
   requests re-run elsewhere, counted); with none left the run stops with `RunFailed`.
 
 Ray is optional (`pip install 'agentax[ray]'`) and imported only when a Ray piece is built.
+`connect_ray(address)` joins a running cluster with its token authentication handled.
 See docs/scaling.md.
 """
 
 from agentax.scale._env_pool import RayEnvPool, RayEnvPoolStats, RemoteEnvironment
+from agentax.scale._ray import connect_ray
 from agentax.scale._replica import RayEngineReplica
 from agentax.scale._router import EngineRouter, RouterStats
 from agentax.scale._weight_sync import WeightSyncConfig, WeightSyncStats
@@ -29,4 +31,5 @@ __all__ = [
     "RouterStats",
     "WeightSyncConfig",
     "WeightSyncStats",
+    "connect_ray",
 ]

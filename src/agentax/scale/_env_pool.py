@@ -33,6 +33,7 @@ from typing import Any
 
 from agentax.envs import EnvError, Environment
 from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
+from agentax.scale._ray import check_feasible as _check_feasible
 from agentax.scale._ray import ensure_ray_initialized, require_ray
 
 __all__ = ["RayEnvPool", "RayEnvPoolStats", "RemoteEnvironment"]
@@ -153,6 +154,8 @@ class RayEnvPool:
       lease_timeout_s: limit on waiting for a free actor (None waits; the collector's
         episode timeout still bounds it).
       start_timeout_s: limit on an actor's start (building its environment).
+      check_feasible: refuse at once a request that no live node can ever place (False on an
+        autoscaling cluster whose nodes come later).
 
     Requires a connected Ray cluster (`ray.init(...)` first). Use `shutdown()` (or `with`).
     """
@@ -172,6 +175,7 @@ class RayEnvPool:
         call_grace_s: float = 2.0,
         lease_timeout_s: float | None = None,
         start_timeout_s: float = 300.0,
+        check_feasible: bool = True,
     ) -> None:
         if not callable(env_factory):
             raise TypeError(f"env_factory must be a callable returning an environment, got {env_factory!r}")
@@ -196,6 +200,8 @@ class RayEnvPool:
                           "close_timeout_s": close_timeout_s}
         self._options = {"num_cpus": num_cpus, **({"resources": dict(resources)} if resources else {}),
                          **dict(actor_options or {})}
+        if check_feasible:
+            _check_feasible(ray, self._options, "RayEnvPool")
         self._factory_ref = ray.put(env_factory)
         self._lock = threading.Lock()  # held only for a few list operations, never across an await
         self._idle: collections.deque[_Slot] = collections.deque()

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from agentax.records import Completion, SamplingParams
+from agentax.scale._ray import check_feasible as _check_feasible
 from agentax.scale._ray import ensure_ray_initialized, require_ray
 from agentax.scale._weight_sync import _np_dtype
 
@@ -269,6 +270,8 @@ class RayEngineReplica:
     Args:
       make_engine: zero-argument callable building the `Engine` (pickled, run in the actor).
       num_cpus / num_gpus / resources: what Ray reserves for the actor (its placement).
+      check_feasible: refuse at once a request that no live node can ever place (False on an
+        autoscaling cluster whose nodes come later).
       actor_options: further `ray.remote` options.
       call_timeout_s: limit for the blocking control calls (`policy_version`, `stats`,
         `update_weights`, `shutdown`); generation is bounded by the collector's model timeout
@@ -284,6 +287,7 @@ class RayEngineReplica:
         resources: Mapping[str, float] | None = None,
         actor_options: Mapping[str, Any] | None = None,
         call_timeout_s: float = 120.0,
+        check_feasible: bool = True,
     ) -> None:
         global _ACTOR_CLASS
         self._ray = ray = require_ray()
@@ -293,6 +297,8 @@ class RayEngineReplica:
         options = {"num_cpus": num_cpus, "num_gpus": num_gpus, **dict(actor_options or {})}
         if resources:
             options["resources"] = dict(resources)
+        if check_feasible:
+            _check_feasible(ray, options, "RayEngineReplica")
         # Requests of many episodes must be in flight at once for the engine to batch them.
         options.setdefault("max_concurrency", 1000)
         self.call_timeout_s = call_timeout_s
