@@ -87,3 +87,101 @@ class _ConstantReward(CalculatorEnvironment):
 def constant_reward(**kwargs):
     """Every episode gets reward 0: every group is dropped by `all_equal_rewards`."""
     return _ConstantReward(**kwargs)
+
+
+# ------------------------------------------------------------- hangs at start-up and teardown
+# (issue 61): `close` that never returns, met by the start-up probe's close.
+
+
+class _CloseSleeps:
+    """An async environment (no Environment subclass) whose close sleeps for good."""
+
+    def __init__(self):
+        self.inner = make_env()
+
+    async def reset(self, task):
+        return await self.inner.reset(task)
+
+    async def step(self, action):
+        return await self.inner.step(action)
+
+    async def close(self):
+        await asyncio.sleep(3600)
+
+
+def close_sleeps(**kwargs):
+    return _CloseSleeps()
+
+
+class _CloseBlocks:
+    """A sync environment whose close blocks for good."""
+
+    def __init__(self):
+        self.inner = make_env()
+
+    def reset(self, task):
+        return asyncio.run(self.inner.reset(task))
+
+    def step(self, action):
+        return asyncio.run(self.inner.step(action))
+
+    def close(self):
+        threading.Event().wait()
+
+
+def close_blocks(**kwargs):
+    return _CloseBlocks()
+
+
+class _CloseIgnoresCancel(CalculatorEnvironment):
+    """An Environment whose public close swallows cancellation for good."""
+
+    async def close(self):
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # the bug
+
+
+def close_ignores_cancel(**kwargs):
+    return _CloseIgnoresCancel(**kwargs)
+
+
+def close_hangs_after_probe(**kwargs):
+    """Its close returns at start-up (the probe is built on agentax's start-up thread), then
+    hangs for good in every episode (sync: in a worker process or on an env thread)."""
+    if threading.current_thread().name.startswith("agentax-startup"):
+        return _SyncCalculator()
+    return _CloseBlocks()
+
+
+# ----------------------------------------------------------------- occasional sync hangs
+
+
+class _SyncCalculator:
+    """The calculator demo as a synchronous environment."""
+
+    step_timeout_s = 1.0
+
+    def __init__(self, hang_rate: float = 0.0):
+        self.inner = make_env()
+        self.hang_rate = hang_rate
+
+    def reset(self, task):
+        return asyncio.run(self.inner.reset(task))
+
+    def step(self, action):
+        if random.random() < self.hang_rate:
+            threading.Event().wait()  # hangs for good
+        return asyncio.run(self.inner.step(action))
+
+
+def sync_sometimes_hangs(hang_rate: float = 0.1, **kwargs):
+    """A sync environment whose steps hang for good in `hang_rate` of the calls."""
+    return _SyncCalculator(hang_rate)
+
+
+def factory_hangs(**kwargs):
+    """The environment factory never returns (met at start-up)."""
+    threading.Event().wait()

@@ -7,7 +7,6 @@ path or a factory of the wrong type fails in a second with one line, before any 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 from flax import nnx
 
 from agentax.cli._config import DEMO_MODEL, RunConfig
+from agentax.cli._startup import StartupHang, call_bounded, close_bounded
 from agentax.config import ConfigError, replace
 from agentax.engine import Engine, enable_compilation_cache
 from agentax.models import ModelConfig, Transformer, load_pretrained, read_hf_config
@@ -148,8 +148,10 @@ class TaskSuite:
     """Tool schemas the agent lists in its prompt (SFT renders demonstrations with them)."""
 
 
-def _factory(path: str, kwargs: Any, field: str, check: Callable[[Any], str | None]):
-    """A zero-argument factory for `path(**kwargs)`, called once here and type-checked."""
+def _factory(path: str, kwargs: Any, field: str, check: Callable[[Any], str | None],
+             timeout_s: float):
+    """A zero-argument factory for `path(**kwargs)`, called once here (within `timeout_s`) and
+    type-checked."""
     from agentax.cli._imports import resolve_callable
 
     fn = resolve_callable(path, field=f"{field}.factory")
@@ -159,7 +161,10 @@ def _factory(path: str, kwargs: Any, field: str, check: Callable[[Any], str | No
         return fn(**kwargs)
 
     try:
-        probe = make()
+        probe = call_bounded(make, timeout_s=timeout_s, what=f"{field}.factory={path}",
+                             knob="run.startup_timeout_s")
+    except StartupHang:
+        raise
     except Exception as e:  # noqa: BLE001 - the user's factory failed: say where
         raise ConfigError(f"{field}.factory={path} failed when called with {field}.kwargs="
                           f"{kwargs}: {type(e).__name__}: {e}") from None
@@ -185,16 +190,27 @@ def _agent_problem(agent: Any) -> str | None:
     return None if isinstance(agent, Agent) else "expected an agentax.agents.Agent"
 
 
-def _close(env: Any) -> None:
-    close = getattr(env, "close", None)
-    if close is None:
-        return
-    try:
-        out = close()
-        if asyncio.iscoroutine(out):
-            asyncio.run(out)
-    except Exception:  # noqa: BLE001 - the probe is discarded either way
-        pass
+def _is_sync_env(env: Any) -> bool:
+    """A plain object with synchronous reset/step (not an Environment, not an episode driver)."""
+    import inspect
+
+    from agentax.envs import Environment
+
+    return not isinstance(env, Environment) and not hasattr(env, "drive_episode") and not (
+        inspect.iscoroutinefunction(env.reset) and inspect.iscoroutinefunction(env.step))
+
+
+def _process_env_factory(cfg: RunConfig, probe: Any) -> Callable[[], Any]:
+    """Episodes of a synchronous environment in worker processes (`env.sync_isolation`), with
+    the limits the environment declares (read from the probe, as `ensure_async_env` does)."""
+    from agentax.envs import ProcessEnvironment, ensure_async_env
+
+    adapted = ensure_async_env(probe)
+    limits = {k: getattr(adapted, k) for k in (
+        "max_steps", "reset_timeout_s", "step_timeout_s", "close_timeout_s")}
+    path, kwargs = cfg.env.factory, dict(cfg.env.kwargs)
+    ProcessEnvironment.warm_up(path)
+    return lambda: ProcessEnvironment(path, kwargs, **limits)
 
 
 def _task_list(value: Any, what: str) -> tuple[Task, ...]:
@@ -211,7 +227,13 @@ def _load_tasks(cfg: RunConfig) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
     if t.factory:
         fn = resolve_callable(t.factory, field="tasks.factory")
         try:
-            out = fn(num_train=t.num_train, num_eval=t.num_eval, seed=cfg.run.seed, **t.kwargs)
+            out = call_bounded(
+                lambda: fn(num_train=t.num_train, num_eval=t.num_eval, seed=cfg.run.seed,
+                           **t.kwargs),
+                timeout_s=cfg.run.startup_timeout_s, what=f"tasks.factory={t.factory}",
+                knob="run.startup_timeout_s")
+        except StartupHang:
+            raise
         except Exception as e:  # noqa: BLE001 - the user's factory failed: say where
             raise ConfigError(f"tasks.factory={t.factory} failed: {type(e).__name__}: {e}") from None
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -259,9 +281,16 @@ def build_suite_for(cfg: RunConfig) -> TaskSuite:
     from agentax.cli._imports import resolve_callable
     from agentax.recipes import load_demos_jsonl
 
-    make_env, env = _factory(cfg.env.factory, cfg.env.kwargs, "env", _env_problem)
-    _close(env)
-    make_agent, agent = _factory(cfg.agent.factory, cfg.agent.kwargs, "agent", _agent_problem)
+    limit = cfg.run.startup_timeout_s
+    make_env, env = _factory(cfg.env.factory, cfg.env.kwargs, "env", _env_problem, limit)
+    # The probe's close: bounded like an episode's (collector.close_timeout_s).
+    close_bounded(env, timeout_s=cfg.collector.close_timeout_s,
+                  what=f"env.close() of env.factory={cfg.env.factory}",
+                  knob="collector.close_timeout_s")
+    if cfg.env.sync_isolation == "process" and _is_sync_env(env):
+        make_env = _process_env_factory(cfg, env)
+    make_agent, agent = _factory(cfg.agent.factory, cfg.agent.kwargs, "agent", _agent_problem,
+                                 limit)
     train, held = _load_tasks(cfg)
     demos = None
     if cfg.sft.data:

@@ -77,6 +77,10 @@ class RunSection:
     imports: tuple[str, ...] = ()
     """Modules to import before the config is checked, for what they register
     (agentax.algos.register_advantage, agentax.rewards.register_reward)."""
+    startup_timeout_s: float = 30.0
+    """Limit for each first call of the env, agent and tasks factories while the run starts
+    (the probe environment's close gets collector.close_timeout_s); a call past it stops the
+    run with one line naming it."""
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -131,11 +135,19 @@ class EnvConfig:
     """Extra reward on the episode's final answer, added to the environment's own: a name
     registered with agentax.rewards.register_reward (e.g. math_verify) or
     'package.module:callable' (task, answer) -> float; empty = only the environment's."""
+    sync_isolation: str = "process"
+    """Where a synchronous environment (plain reset/step methods) runs: 'process' (each
+    episode's environment in a worker process of its own, killed when a call outlives its
+    timeout: a hung call costs its episode, never a thread) or 'thread' (the env thread pool:
+    cheaper, but a hung call holds its thread for good). Async environments run on the loop."""
 
     def __post_init__(self) -> None:
         if not self.factory:
             raise ConfigError("env.factory is empty: name a callable that returns an Environment")
         _check_path("env.factory", self.factory)
+        if self.sync_isolation not in ("process", "thread"):
+            raise ConfigError(f"env.sync_isolation must be 'process' or 'thread', got "
+                              f"{self.sync_isolation!r}")
 
 @_frozen
 class AgentConfig:

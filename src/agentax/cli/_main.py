@@ -305,6 +305,10 @@ _USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryEr
 
 def _explains_itself(error: Exception) -> bool:
     """Run failures whose message names the cause and the knob (exit 1, no type name)."""
+    from agentax.cli._startup import StartupHang
+
+    if isinstance(error, StartupHang):
+        return True
     if "agentax.pipeline" in sys.modules:
         from agentax.pipeline import RunFailed
 

@@ -548,6 +548,7 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         try:
             return await _main()
         finally:
+            await close_shared(cfg.collector.close_timeout_s, rep.warn)
             guard.leave_loop()
 
     async def _main() -> Any:
@@ -615,6 +616,24 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                         "rl_steps": len(result.steps),
                         "episodes_sampled": result.accounting.started})
     return out
+
+
+async def close_shared(timeout_s: float, warn: Callable[[str], None]) -> None:
+    """Closes what the run's episodes shared on its event loop (MCP sessions, the browser),
+    each within `timeout_s`; one that does not close in time is left behind and reported."""
+    from agentax.envs import shutdown_browser
+    from agentax.tools import close_mcp_connections
+
+    for label in await close_mcp_connections(timeout_s):
+        warn(f"the MCP session of '{label}' did not close within {timeout_s:g} s at the end "
+             "of the run (collector.close_timeout_s); left behind")
+    try:
+        await aio.bounded(shutdown_browser(), timeout_s)
+    except TimeoutError:
+        warn(f"the browser did not close within {timeout_s:g} s at the end of the run "
+             "(collector.close_timeout_s); left behind")
+    except Exception:  # noqa: BLE001 - a browser that already died has nothing to close
+        pass
 
 
 def _sft_record(run_dir: Path) -> dict | None:

@@ -18,6 +18,7 @@ from agentax.envs._browser_host import BrowserUnavailableError, check_browser_av
 from agentax.envs._code import CodeEnvironment
 from agentax.envs._gym import GymnasiumEnvironment, make_frozen_lake, make_taxi
 from agentax.envs._miniwob import MINIWOB_TASKS, MiniWoBSite, miniwob_task, miniwob_tasks
+from agentax.envs._process import ProcessEnvironment
 from agentax.envs._reward import compute_reward
 from agentax.envs._swe import SWE_REPOS, SWEEnvironment, swe_tasks
 from agentax.envs._task import TaskEnvironment
@@ -35,6 +36,7 @@ __all__ = [
     "BrowserSite",
     "BrowserUnavailableError",
     "MiniWoBSite",
+    "ProcessEnvironment",
     "UrlSite",
     "WebTasksSite",
     "check_browser_available",

@@ -343,6 +343,8 @@ class _AsyncDuckAdapter(_SyncEnvAdapter):
     async def _close(self) -> None:
         close = getattr(self.inner, "close", None)
         if callable(close):
-            out = close()
+            # A synchronous close goes to a thread: on the loop, one that blocks would stop
+            # every episode, not only its own cleanup.
+            out = close() if inspect.iscoroutinefunction(close) else await self._run(close)
             if inspect.isawaitable(out):
                 await out

@@ -57,6 +57,7 @@ __all__ = [
     "MCPConnection",
     "MCPServerSpec",
     "MCPUnavailableError",
+    "close_mcp_connections",
     "mcp_connection",
     "mcp_server_specs",
     "mcp_tools",
@@ -638,6 +639,28 @@ def mcp_connection(spec: MCPServerSpec | Mapping[str, Any]) -> MCPConnection:
         if conn is None:
             conn = per_loop[spec.key] = MCPConnection(spec)
     return conn
+
+
+async def close_mcp_connections(timeout_s: float = 10.0) -> list[str]:
+    """Closes the running event loop's shared MCP connections (`mcp_connection`), each within
+    `timeout_s` (a session that ignores the end is left behind).
+
+    Returns:
+      The labels of the servers whose session did not close in time.
+    """
+    from agentax._aio import bounded
+
+    with _CONNECTIONS_LOCK:
+        conns = list(_CONNECTIONS.pop(asyncio.get_running_loop(), {}).values())
+    stuck = []
+    for conn in conns:
+        try:
+            await bounded(conn.close(), timeout_s)
+        except TimeoutError:
+            stuck.append(conn.spec.label)
+        except Exception:  # noqa: BLE001 - a broken session is already over
+            pass
+    return stuck
 
 
 # ----------------------------------------------------------------------------- tools
