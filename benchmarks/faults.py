@@ -21,6 +21,13 @@ the CPU: no SFT, no evaluation episodes), and the run directory is checked after
   blocks the event loop, groups that are all filtered out. Each must stop the run with one
   `run stopped` line and exit 1 within 60 s of its start, leaving a checkpoint to resume from
   (the blocked loop cannot checkpoint: it must only exit).
+* User code that hangs at start-up (tests/faults/faulty_user_code.py): the probe
+  environment's close sleeping for good (async), blocking for good (sync) or ignoring
+  cancellation, with the default limits. Each must stop the run with one line naming the call
+  and exit 1 within 60 s of its start.
+* A synchronous environment whose steps hang for good in 10 % of the calls (8 env threads):
+  the run must train every RL step and exit 0, the hung episodes counted as timeouts, the
+  episode books balanced; `data_lost` counts the RL steps missing.
 * Signals at the edges: SIGTERM right after config.yaml is written (SFT warm start ahead),
   SIGINT twice in the first seconds of a resume (`python -m agentax`, imports included),
   SIGTERM while user code blocks the loop. Each must exit 128 + N with one line; the first
@@ -296,6 +303,48 @@ def fault_disk_full(root: Path, mid_save: bool) -> dict | None:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def startup_hang_faults(root: Path) -> list[dict]:
+    """A close that hangs at start-up (the probe environment's): one line, exit 1, <= 60 s."""
+    out = []
+    for kind, env_name in (("start-up close hang: async sleep", "close_sleeps"),
+                           ("start-up close hang: sync block", "close_blocks"),
+                           ("start-up close hang: ignores cancellation",
+                            "close_ignores_cancel")):
+        t0 = time.perf_counter()
+        result = run([*_args(root, f"startup_{env_name}", 40, 0), *user_fault(env_name)],
+                     timeout=600)
+        wall = time.perf_counter() - t0
+        lines = _one_stop_line(result.stderr)
+        ok = (result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr
+              and "env.close()" in lines[0] and env_name in lines[0] and wall <= 60)
+        out.append({"kind": kind, "ok": ok, "data_lost": 0, "exit_s": round(wall, 1),
+                    "note": f"exit {result.returncode} after {wall:.0f} s: "
+                            f"{(lines or [result.stderr.strip()[-90:]])[-1][:90]}"})
+    return out
+
+
+def fault_sometimes_hanging_sync_env(root: Path, steps: int = 20) -> dict:
+    """10 % of a sync environment's steps hang for good: every RL step trains all the same."""
+    name = "sync_hangs_10pct"
+    t0 = time.perf_counter()
+    result = run([*_args(root, name, steps, 0), *user_fault("sync_sometimes_hangs"),
+                  "env.kwargs={hang_rate: 0.1}", "pipeline.env_threads=8"], timeout=900)
+    wall = time.perf_counter() - t0
+    rows = rl_steps(root / name)
+    lost = sum(abs(rows.count(s) - 1) for s in range(1, steps + 1))
+    summary = root / name / "summary.json"
+    books = json.loads(summary.read_text())["accounting"] if summary.exists() else {}
+    hung = books.get("failed", {}).get("timeout", 0)
+    balanced = bool(books) and books["started"] == (
+        books["trained"] + sum(books["filtered"].values()) + sum(books["failed"].values())
+        + books["in_flight"])
+    ok = result.returncode == 0 and lost == 0 and balanced and "Traceback" not in result.stderr
+    return {"kind": "10 %-hanging sync env trains all its steps", "ok": ok, "data_lost": lost,
+            "note": f"exit {result.returncode} after {wall:.0f} s: rl steps {len(rows)}/{steps}, "
+                    f"{hung} hung episodes counted as timeout of {books.get('started', 0)} "
+                    f"started; books {'balance' if balanced else 'DO NOT balance'}"}
+
+
 _FORK_AND_HOLD = """
 import os, time
 kids = []
@@ -432,6 +481,8 @@ def main() -> None:
                                        "pipeline.max_dropped_episodes=256"),
                        fault_sigterm_after_config(root), fault_sigint_in_resume(root),
                        fault_sigterm_blocked(root)]
+            faults += startup_hang_faults(root)
+            faults.append(fault_sometimes_hanging_sync_env(root))
             for mid in (False, True):
                 disk = fault_disk_full(root, mid)
                 if disk is not None:
