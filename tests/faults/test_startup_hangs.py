@@ -122,6 +122,7 @@ def test_process_environment_reports_a_factory_that_raises_and_a_worker_that_die
         with pytest.raises(EnvError) as e:
             await env.reset(task)
         assert "AttributeError" in str(e.value) and e.value.call == "reset"
+        assert str(e.value).startswith("tests.faults.faulty_user_code:no_such_factory.reset:")
 
         env = ProcessEnvironment(FACTORY, {"hang_rate": 0.0}, step_timeout_s=5.0)
         await env.reset(task)

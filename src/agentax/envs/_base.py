@@ -229,8 +229,11 @@ class Environment(abc.ABC):
         st["stats"][key] += 1
         if call != "close":
             st["broken"] = kind
-        name = type(getattr(self, "inner", self)).__name__  # a sync environment's own name
-        return EnvError(f"{name}.{call}: {message}", status=status, kind=kind, call=call)
+        return EnvError(f"{self._label()}.{call}: {message}", status=status, kind=kind, call=call)
+
+    def _label(self) -> str:
+        """How failures name this environment."""
+        return type(getattr(self, "inner", self)).__name__  # a sync environment's own name
 
     async def _guarded(self, call: str, coro: Any, timeout_s: float | None) -> Any:
         try:

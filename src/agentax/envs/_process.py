@@ -259,5 +259,8 @@ class ProcessEnvironment(Environment):
                 self._proc = self._conn = None
                 self.exit_code = 0
 
+    def _label(self) -> str:
+        return self.factory
+
     def __repr__(self) -> str:
         return f"ProcessEnvironment({self.factory!r})"
