@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from agentax import _aio as aio
 from agentax.envs import EnvError, ProcessEnvironment
 from agentax.recipes.calculator import tasks
 from agentax.records import Action, TrajectoryStatus
+from agentax.tools import close_mcp_connections, mcp_connection
 from tests.faults.fault_helpers import TINY, error_lines, rl_steps, run, user_fault
 
 
@@ -133,3 +136,38 @@ def test_process_environment_reports_a_factory_that_raises_and_a_worker_that_die
         await env.close()
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------- end-of-run teardown
+
+MCP_SPEC = {"command": sys.executable,
+            "args": [str(Path(__file__).parents[1] / "tools" / "mcp_test_server.py")]}
+
+
+def test_the_loops_mcp_sessions_close_at_the_end_and_a_hung_close_is_bounded():
+    async def main():
+        conn = mcp_connection(MCP_SPEC)
+        pid = int((await conn.call("pid", {})).content)
+        assert await close_mcp_connections(5.0) == []  # closed: the server process ends
+        hung = mcp_connection({**MCP_SPEC, "name": "stuck"})
+        stuck_pid = int((await hung.call("pid", {})).content)
+
+        async def ignores_cancellation():
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    continue
+
+        real_close, hung.close = hung.close, ignores_cancellation  # the fault
+        stuck = await close_mcp_connections(0.5)  # returns: 0.5 s, then 1 s of grace
+        await real_close()
+        return pid, stuck, stuck_pid
+
+    pid, stuck, stuck_pid = aio.run(main(), grace_s=0.1)
+    assert stuck == ["stuck"]  # named, and left behind
+    assert stuck_pid != pid
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
