@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import enum
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -73,6 +74,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin in (dict, Mapping) or tp in (dict, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        if len(args) == 2 and args[1] is not Any:  # `Mapping[str, float]`: each value typed
+            return {k: _coerce(v, args[1], f"{where}.{k}") for k, v in value.items()}
         return dict(value)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
@@ -129,7 +132,7 @@ def _check_field(name: str, value: Any, tp: Any, where: str) -> None:
     if value is None:
         return
     if isinstance(value, (Mapping, list, tuple)):
-        _check_finite(value, where, set())
+        _check_finite(value, where, set(), spelled=name == "kwargs" or name.endswith("_kwargs"))
         return
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -155,26 +158,38 @@ def _check_field(name: str, value: Any, tp: Any, where: str) -> None:
         raise ConfigError(f"{where} must be >= 0, got {value}")
 
 
-def _check_finite(value: Any, where: str, seen: set[int]) -> None:
+def _check_finite(value: Any, where: str, seen: set[int], *, spelled: bool = False) -> None:
     """Every float inside `value` (mappings and lists, at any depth) is finite.
 
     A mapping field such as `trainer.advantage_kwargs` holds whatever the user wrote, so
-    `{eps: .nan}` would otherwise reach the code it configures unchecked. `seen` keeps a
-    container that is shared (a YAML alias) or that contains itself from being walked twice.
+    `{eps: .nan}` would otherwise reach the code it configures unchecked. With `spelled` (the
+    `*_kwargs` fields) a string that spells a non-finite number is refused too: YAML reads
+    `{eps: nan}` as the string 'nan', which `float()` in the code it configures turns into a
+    NaN. `seen` keeps a container that is shared (a YAML alias) or that contains itself from
+    being walked twice.
     """
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ConfigError(f"{where}: {value!r} is not a finite number")
+        return
+    if isinstance(value, str):
+        if spelled and _NON_FINITE.fullmatch(value.strip()):
+            raise ConfigError(f"{where}: {value!r} spells a non-finite number (NaN / infinity); "
+                              "give a finite number")
         return
     if not isinstance(value, (Mapping, list, tuple)) or id(value) in seen:
         return
     seen.add(id(value))
     if isinstance(value, Mapping):
         for key, item in value.items():
-            _check_finite(item, f"{where}.{key}", seen)
+            _check_finite(item, f"{where}.{key}", seen, spelled=spelled)
     else:
         for i, item in enumerate(value):
-            _check_finite(item, f"{where}[{i}]", seen)
+            _check_finite(item, f"{where}[{i}]", seen, spelled=spelled)
+
+
+_NON_FINITE = re.compile(r"[+-]?\.?(nan|inf|infinity)", re.IGNORECASE)
+"""What `float()` or YAML reads as NaN / infinity: nan, -inf, Infinity, .NaN, -.inf, ..."""
 
 
 def check_values(obj: Any, *, where: str = "") -> None:

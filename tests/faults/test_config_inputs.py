@@ -69,6 +69,37 @@ def test_nan_in_kwargs_override_is_rejected():
         load_config(None, ["agent.kwargs.t=.nan"])
 
 
+@pytest.mark.parametrize("override,field", [
+    ("trainer.advantage_kwargs={eps: nan}", "trainer.advantage_kwargs.eps"),
+    ("trainer.advantage_kwargs.eps=-Infinity", "trainer.advantage_kwargs.eps"),
+    ("env.kwargs={a: [1, {b: inf}]}", r"env.kwargs.a\[1\].b"),
+    ("agent.kwargs.t=NaN", "agent.kwargs.t"),
+    ("tasks.kwargs.limit=' -inf '", "tasks.kwargs.limit"),
+    ("sft.demos_kwargs.x=.Inf", "sft.demos_kwargs.x"),
+])
+def test_a_string_that_spells_nan_or_inf_in_any_kwargs_is_rejected(override, field):
+    # YAML reads `nan` / `inf` (no leading dot) as strings, which float() turns into NaN
+    with pytest.raises(ConfigError, match=rf"^command-line overrides: {field}: .*(not a finite|non-finite)"):
+        load_config(None, [override])
+
+
+def test_string_nan_in_advantage_kwargs_fails_agentax_config(tmp_path):
+    write(tmp_path, "strnan.yaml", "trainer:\n  advantage_kwargs: {eps: nan}\n")
+    status, line, _ = agentax(["config", "strnan.yaml"], tmp_path)
+    assert status == 2
+    assert line.startswith("agentax config: error: strnan.yaml: trainer.advantage_kwargs.eps:")
+    assert "not a finite number" in line
+
+
+def test_typed_kwargs_values_are_numbers_and_other_strings_pass():
+    cfg = load_config(None, ["trainer.advantage_kwargs={eps: 1e-6}",  # YAML 1.1: a string
+                             "agent.kwargs={name: infant, note: nano}"])
+    assert cfg.trainer.advantage_kwargs == {"eps": 1e-6}
+    assert cfg.agent.kwargs == {"name": "infant", "note": "nano"}
+    with pytest.raises(ConfigError, match=r"trainer\.advantage_kwargs\.eps: expected a number"):
+        load_config(None, ["trainer.advantage_kwargs={eps: tiny}"])
+
+
 def test_finite_kwargs_still_load():
     cfg = load_config(None, ["trainer.advantage_kwargs={eps: 1.0e-6}", "env.kwargs.x=[1, 2.5]"])
     assert cfg.trainer.advantage_kwargs == {"eps": 1e-6}
