@@ -233,6 +233,10 @@ def bad_inputs(tmp: Path) -> list[tuple[str, list[str], str]]:
     bad_data = tmp / "demos.jsonl"
     bad_data.write_bytes(b'{"messages": []}\n\n{"messages": [\n')
     cases.append(("bad sft.data line", ["sft", f"sft.data={bad_data}"], "demos.jsonl:3: not JSON"))
+    cases.append(("task file is a directory", ["eval", "tasks.factory=null",
+                                              f"tasks.train_file={tmp}"], "is a directory"))
+    cases.append(("string NaN in advantage_kwargs", ["config", "trainer.advantage_kwargs={eps: nan}"],
+                  "trainer.advantage_kwargs.eps: 'nan' is not a finite number"))
 
     cfg = RunConfig()
     hf = tmp / "hf"

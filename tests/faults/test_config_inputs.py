@@ -209,3 +209,52 @@ def test_non_utf8_task_file_names_file_and_line(tmp_path):
     path = write(tmp_path, "tasks.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff"}\n')
     with pytest.raises(ValueError, match=r"tasks\.jsonl:2: not UTF-8"):
         load_tasks(path)
+
+
+# ----------------------------------------------------------------------------- failed starts
+
+
+def _tasks_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "tasks_folder"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    return folder
+
+
+@pytest.mark.parametrize("name, args, needle", [
+    ("sft, a bad sft.data line", ["sft", "sft.data=demos.jsonl"], "demos.jsonl:3: not JSON"),
+    pytest.param("train, a bad sft.data line", ["train", "sft.steps=2", "sft.data=demos.jsonl"],
+                 "demos.jsonl:3: not JSON", marks=pytest.mark.slow),  # builds the RL side first
+    ("train, a task file that is a directory",
+     ["train", "tasks.factory=null", "tasks.train_file=tasks_folder"],
+     "task file 'tasks_folder' is a directory, not a file (tasks.train_file / tasks.eval_file)"),
+    ("eval, an eval file that is a directory",
+     ["eval", "tasks.factory=null", "tasks.train_file=tasks_folder/train.jsonl",
+      "tasks.eval_file=tasks_folder"], "task file 'tasks_folder' is a directory"),
+    ("sft, an sft.data that is a directory", ["sft", "sft.data=tasks_folder"],
+     "demonstrations file 'tasks_folder' is a directory, not a file (sft.data)"),
+])
+def test_a_failed_start_leaves_no_run_directory(tmp_path, name, args, needle):
+    write(tmp_path, "demos.jsonl", b'{"messages": []}\n\n{"messages": [\n')
+    _tasks_dir(tmp_path)
+    status, line, _ = agentax([*args, "run.runs_dir=runs", "-q"], tmp_path)
+    assert status == 2 and needle in line, line
+    runs = tmp_path / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == [], list(runs.iterdir())
+
+
+def test_a_directory_is_named_as_one_where_a_file_is_wanted(tmp_path):
+    folder = _tasks_dir(tmp_path)
+    with pytest.raises(IsADirectoryError, match=r"task file .*tasks_folder' is a directory, not a "
+                       r"file \(tasks\.train_file / tasks\.eval_file\): give the \.jsonl or "
+                       r"\.parquet file itself"):
+        load_tasks(folder)
+    with pytest.raises(IsADirectoryError, match=r"demonstrations file .* is a directory"):
+        load_demos_jsonl(folder)
+    with pytest.raises(FileNotFoundError, match=r"task file .*nowhere\.jsonl' does not exist"):
+        load_tasks(tmp_path / "nowhere.jsonl")
+    with pytest.raises(ConfigError, match=r"config file .*tasks_folder' is a directory, not a YAML"):
+        load_config(folder)
+    write(tmp_path, "child.yaml", "base: tasks_folder/\n")
+    with pytest.raises(ConfigError, match=r"child\.yaml: base 'tasks_folder/' is a directory"):
+        load_config(tmp_path / "child.yaml")

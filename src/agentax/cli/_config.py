@@ -601,7 +601,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     if path is not None:
         path = os.fspath(path)
         if not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} does not exist")
+            what = "is a directory, not a YAML file" if os.path.isdir(path) else "does not exist"
+            raise ConfigError(f"config file {path!r} {what}")
         data = _read_config_file(path, relative_to_file=relative_to_file)
         merged, source = _merge(merged, data), path
         given.append(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -115,7 +116,9 @@ def _cmd_sft(args) -> int:
     from agentax.cli._runner import run_sft
 
     cfg, _ = _load(args, "sft")
-    run_sft(cfg, make_run_dir(cfg, "sft"), quiet=args.quiet)
+    run_dir = make_run_dir(cfg, "sft")
+    with _failed_start_removed(run_dir):
+        run_sft(cfg, run_dir, quiet=args.quiet)
     return 0
 
 
@@ -128,9 +131,24 @@ def _cmd_eval(args) -> int:
     model = load_run_model(source_run, cfg) if source_run is not None else None
     if source_run is not None:
         cfg = _fresh_name(cfg)
-    summary = run_eval(cfg, make_run_dir(cfg, "eval"), model=model, quiet=args.quiet)
+    run_dir = make_run_dir(cfg, "eval")
+    with _failed_start_removed(run_dir):
+        summary = run_eval(cfg, run_dir, model=model, quiet=args.quiet)
     _print_summary(summary)
     return 0
+
+
+@contextlib.contextmanager
+def _failed_start_removed(run_dir: Path):
+    """A fresh run directory whose command fails on bad input or a full disk before it logged
+    or saved anything is removed: a failed start leaves no folder behind (as `_cmd_train`)."""
+    from agentax.cli._rundir import remove_failed_start
+
+    try:
+        yield
+    except (*_USER_ERRORS, OSError):
+        remove_failed_start(run_dir)
+        raise
 
 
 def _fresh_name(cfg):

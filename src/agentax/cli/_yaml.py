@@ -107,7 +107,8 @@ default 'runs'. Import paths ('package.module:callable') and URLs are left as th
 def read_yaml_file(path: str) -> Any:
     """The YAML document in the file at `path`; every error names the file (and the line)."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist")
+        what = "is a directory, not a YAML file" if os.path.isdir(path) else "does not exist"
+        raise ConfigError(f"config file {path!r} {what}")
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -145,6 +146,8 @@ def base_path(base: Any, path: str) -> str:
     if os.path.isfile(target):
         return target
     if is_path:
+        if os.path.isdir(target):
+            raise ConfigError(f"{path}: base {base!r} is a directory ({target}), not a YAML file")
         raise ConfigError(f"{path}: base {base!r} does not exist (looked for {target}; a "
                           "relative base is relative to the file that names it)")
     raise ConfigError(f"{path}: base {base!r} is neither a shipped recipe ({', '.join(RECIPES)}) "

@@ -76,8 +76,7 @@ def load_tasks(path: str | os.PathLike, *, limit: int = 0, prefix: str = "task")
       FileNotFoundError / ValueError: the file is missing, empty, or a row lacks a prompt.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"task file {path!r} does not exist (tasks.train_file / tasks.eval_file)")
+    _need_file(path, "task file", "tasks.train_file / tasks.eval_file", ".jsonl or .parquet")
     tasks: list[Task] = []
     for lineno, row in _rows(path):
         if not isinstance(row, dict):
@@ -110,8 +109,7 @@ def load_demos_jsonl(path: str | os.PathLike) -> list[list[Message]]:
       wrong with it (not UTF-8, not JSON, no "messages" list, a message without a role...).
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"demonstrations file {path!r} does not exist (sft.data)")
+    _need_file(path, "demonstrations file", "sft.data", ".jsonl")
     convs = []
     for lineno, row in _jsonl(path):
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
@@ -126,6 +124,23 @@ def load_demos_jsonl(path: str | os.PathLike) -> list[list[Message]]:
                     from None
         convs.append(messages)
     return convs
+
+
+def _need_file(path: str, what: str, field: str, kind: str) -> None:
+    """Raises unless `path` is a file to read, saying which of the ways it is not.
+
+    Raises:
+      IsADirectoryError: it is a directory. FileNotFoundError: nothing is there.
+      ValueError: something other than a regular file (a FIFO, a socket, a device).
+    """
+    if os.path.isfile(path):
+        return
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path!r} is a directory, not a file ({field}): give the "
+                                f"{kind} file itself")
+    if os.path.exists(path):
+        raise ValueError(f"{what} {path!r} is not a regular file ({field}); give a {kind} file")
+    raise FileNotFoundError(f"{what} {path!r} does not exist ({field})")
 
 
 def _short(value: Any) -> str:
