@@ -35,6 +35,10 @@ the CPU: no SFT, no evaluation episodes), and the run directory is checked after
 * Disk full (a real 6 MiB tmpfs; skipped where the host cannot mount one): the save refused
   before writing, and Orbax failing mid-write. One line, exit 1, no temporary directory, and
   the run resumes once there is room.
+* `agentax serve` under load (tests/faults/serve_signal.py: a long call, two calls queued
+  behind it on its session, four sessions calling back to back, a new session right after
+  the signal) gets SIGTERM (and, in the full run, SIGINT): it must exit 143 / 130, every call
+  answered with a 200 or a 503 `server_shutting_down`; `data_lost` counts the calls lost.
 * `max_exit_s`: the slowest of the stops above (from the process start for runs that stop on
   their own, from the signal for signals).
 * A path race (tests/tools/sandbox_race.py): sandboxed code swaps a directory and a file of
@@ -361,6 +365,22 @@ print("CODES", [os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids])
 """
 
 
+def serve_signal_faults(root: Path, *, quick: bool) -> list[dict]:
+    """`agentax serve` under load gets SIGTERM (and SIGINT in the full run): drains, exits 128 + N."""
+    from tests.faults.serve_signal import save_tiny_model, serve_under_signal, survived
+
+    model = save_tiny_model(root / "serve-tiny")
+    out = []
+    for sig in (signal.SIGTERM,) if quick else (signal.SIGTERM, signal.SIGINT):
+        r = serve_under_signal(model, sig)
+        out.append({"kind": f"serve: {sig.name} under load", "ok": survived(r, sig),
+                    "data_lost": len(r["lost"]), "exit_s": r["exit_s"],
+                    "note": f"exit {r['exit']} {r['exit_s']} s after the signal; long call "
+                            f"{r['long']}, queued {r['queued']}, new {r['new']}, workers "
+                            f"{r['workers']}" + (f"; lost {r['lost'][:2]}" if r["lost"] else "")})
+    return out
+
+
 def sandbox_attacks() -> list[dict]:
     """Model-written code that tries to take the host's memory or disk, in a real sandbox."""
     import asyncio
@@ -455,7 +475,8 @@ def try_bad_inputs(root: Path, *, in_process: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="two kills and SIGINT only; bad inputs in this process")
+                        help="two kills, SIGINT and serve's SIGTERM only; bad inputs in this "
+                        "process")
     opts = parser.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentax-faults-") as tmp:
@@ -489,6 +510,7 @@ def main() -> None:
                     faults.append(disk)
                 else:
                     print("disk-full cases skipped: no tmpfs can be mounted here")
+        faults += serve_signal_faults(root, quick=opts.quick)
         bad = try_bad_inputs(root, in_process=opts.quick)
     attacks = sandbox_attacks()
     faults.append(fault_sandbox_race(1.0 if opts.quick else 10.0))

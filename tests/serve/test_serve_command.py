@@ -1,14 +1,19 @@
-"""`agentax serve` on the built-in tiny model answers the real `openai` client on loopback."""
+"""`agentax serve` on the built-in tiny model answers the real `openai` client on loopback, and
+every HTTP-level error (bytes that are not HTTP, bad headers, bad JSON, an unknown route, a
+wrong method, a body too large) with its status and an OpenAI error body."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
 import openai
+import pytest
 from serve_helpers import MODEL
 from flax import nnx
 
@@ -33,6 +38,69 @@ def test_agentax_serve_answers_the_openai_client(tmp_path):
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hello"}],
                                            max_tokens=5, seed=1)
         assert r.choices[0].message.role == "assistant" and 1 <= r.usage.completion_tokens <= 5
+        host, port = re.match(r"http://([\d.]+):(\d+)", m.group(1)).groups()
+        failures = []
+        for name, raw, status, code in HTTP_ERRORS:
+            got = raw_http(host, int(port), raw)
+            body = got[2]
+            ok = (got[0] == status and got[1].get("content-type") == "application/json"
+                  and isinstance(body, dict) and set(body) == {"error"}
+                  and set(body["error"]) == {"message", "type", "param", "code"}
+                  and body["error"]["message"] and body["error"]["code"] == code)
+            if not ok:
+                failures.append((name, got))
+        assert failures == []
+        with pytest.raises(openai.BadRequestError) as e:  # the SDK reads the 400 as OpenAI's
+            client.chat.completions.create(model="tiny", messages=[{"role": "robot", "content": "x"}])
+        assert e.value.type == "invalid_request_error" and e.value.param
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == 130  # 128 + SIGINT, after the drain
+
+
+HEAD = b"Host: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\n"
+HTTP_ERRORS = [  # (what, raw bytes sent, status, error code)
+    ("garbage", b"GARBAGE\r\n\r\n", 400, "invalid_http_request"),
+    ("binary (a TLS hello)", b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03", 400,
+     "invalid_http_request"),
+    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "invalid_http_request"),
+    ("header without a colon", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+     400, "invalid_http_request"),
+    ("bad content-length", b"POST /v1/chat/completions HTTP/1.1\r\n" + HEAD +
+     b"Content-Length: abc\r\n\r\n", 400, "invalid_http_request"),
+    ("bad chunk size", b"POST /v1/chat/completions HTTP/1.1\r\n" + HEAD +
+     b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "invalid_http_request"),
+    ("bad JSON", b"POST /v1/chat/completions HTTP/1.1\r\n" + HEAD +
+     b"Content-Length: 9\r\nConnection: close\r\n\r\n{\"model\":", 400, None),
+    ("unknown route", b"GET /v2/engines HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 404,
+     "unknown_url"),
+    ("wrong method", b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405,
+     "method_not_allowed"),
+    ("body too large", b"POST /v1/chat/completions HTTP/1.1\r\n" + HEAD +
+     b"Content-Length: 1000000000\r\nConnection: close\r\n\r\n", 413, None),
+]
+
+
+def raw_http(host: str, port: int, data: bytes) -> tuple[int, dict[str, str], object]:
+    """(status, headers, JSON body or the raw text) of the server's answer to `data`."""
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(data)
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.split(b"\r\n\r\n", 1)[1]) < _length(reply):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1]) if lines[0].startswith("HTTP/") else 0
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+    try:
+        return status, headers, json.loads(body)
+    except ValueError:
+        return status, headers, body.decode("latin-1")
+
+
+def _length(reply: bytes) -> int:
+    m = re.search(rb"(?i)content-length: (\d+)", reply)
+    return int(m.group(1)) if m else 1 << 30

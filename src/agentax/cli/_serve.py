@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -61,26 +64,64 @@ def _run_tool_format(cfg: Any) -> str:
     return fmt or "hermes"
 
 
+DRAIN_S = 5.0
+"""Default of `--drain-s`: seconds requests in flight get to finish after SIGINT / SIGTERM."""
+EXIT_GRACE_S = 30.0
+"""After a signal, the process ends within drain + this, whatever blocks it (`hard_exit`)."""
+
+
 def serve(source: str, *, host: str = "127.0.0.1", port: int = 8000, max_seq_len: int | None = None,
-          max_slots: int | None = None, tool_format: str | None = None) -> int:
-    """Serves until SIGINT / SIGTERM; prints the base URL once listening."""
+          max_slots: int | None = None, tool_format: str | None = None,
+          drain_s: float = DRAIN_S) -> int:
+    """Serves until SIGINT / SIGTERM; prints the base URL once listening.
+
+    On the signal it drains (`ChatServer.stop`): requests running get `drain_s` seconds to
+    finish, requests queued behind another call of their session and new ones get a 503
+    `server_shutting_down`; then it exits 128 + N (130 SIGINT, 143 SIGTERM), through
+    `Interrupted`. A second signal ends the drain at once.
+    """
+    from agentax.cli._signals import Interrupted, hard_exit, interrupted_by
     from agentax.serve import ChatServer
 
+    if not drain_s >= 0:
+        raise ValueError(f"--drain-s must be >= 0 seconds, got {drain_s}")
     engine, tokenizer, default_format, name = load_for_serving(
         source, max_seq_len=max_seq_len, max_slots=max_slots)
 
     async def main() -> None:
-        stop = asyncio.Event()
+        got: list[int] = []
+        stop, hurry = asyncio.Event(), asyncio.Event()
+
+        def on_signal(signum: int) -> None:
+            if got:
+                os.write(2, f"agentax serve: second {signal.Signals(signum).name}: answering the "
+                            "requests left 503 now\n".encode())
+                hurry.set()
+                return
+            got.append(signum)
+            watchdog = threading.Timer(drain_s + EXIT_GRACE_S, hard_exit, (128 + signum, (
+                f"agentax serve: {interrupted_by(signum)}; the drain did not end within "
+                f"{drain_s + EXIT_GRACE_S:g} s, exited now")))
+            watchdog.daemon = True
+            watchdog.start()
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         server = ChatServer(engine, tokenizer, model_name=name, host=host, port=port,
                             tool_format=tool_format or default_format)
         url = await server.start()
         print(f"agentax serve: {name} at {url}/v1 (OPENAI_BASE_URL={url}/v1; any API key names a "
               "session)", flush=True)
         await stop.wait()
-        await server.stop()
+        signum = got[0]
+        print(f"agentax serve: {signal.Signals(signum).name}: draining (requests running get up "
+              f"to {drain_s:g} s; new and queued ones get 503)", file=sys.stderr, flush=True)
+        c = await server.stop(drain_s=drain_s, hurry=hurry)
+        raise Interrupted(signum, f"{interrupted_by(signum)}; drained: requests finished "
+                          f"{c['finished']}, answered 503 (queued or new) {c['refused']}, cut at "
+                          f"the {drain_s:g} s bound (answered 503) {c['cut']}")
 
     try:
         asyncio.run(main())
@@ -98,7 +139,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="tokens per conversation")
     p.add_argument("--max-slots", type=int, default=None, help="conversations decoded together")
     p.add_argument("--tool-format", default=None, help="tool-call parser (hermes, llama3)")
+    p.add_argument("--drain-s", type=float, default=DRAIN_S, metavar="SECONDS",
+                   help="on SIGINT / SIGTERM, how long requests in flight get to finish before "
+                   f"they are answered 503 (default {DRAIN_S:g}); exit 130 / 143")
     p.set_defaults(fn=lambda a: serve(a.source, host=a.host, port=a.port, max_seq_len=a.max_seq_len,
-                                      max_slots=a.max_slots, tool_format=a.tool_format))
+                                      max_slots=a.max_slots, tool_format=a.tool_format,
+                                      drain_s=a.drain_s))
 
 

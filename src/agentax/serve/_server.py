@@ -11,9 +11,12 @@ thread hop, no second process. Routes, under `/v1` (sessions by API key) and und
 * `POST /s/{session}/v1/reward` — `{"reward": x}`: an agent program reports its reward.
 
 Every error has an OpenAI-style body (`{"error": {"message", "type", "param", "code"}}`): bad
-requests a 400 naming the field, a model the server does not serve a 404 `model_not_found`,
-an unknown path a 404, a wrong method a 405, a body over `max_request_bytes` a 413 before it is
-parsed. A session serializes its own calls; other sessions are untouched.
+requests a 400 naming the field, bytes that are not HTTP a 400 `invalid_http_request`, a
+model the server does not serve a 404 `model_not_found`, an unknown path a 404, a wrong method
+a 405, a body over `max_request_bytes` a 413 before it is parsed, a failure of the server a
+500, and a request the stopping server will not run a 503 `server_shutting_down`. A session
+serializes its own calls; other sessions are untouched. `stop(drain_s=...)` lets the
+requests running finish (bounded) and answers the others 503 (`agentax.serve._http`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentax.records import SamplingParams
+from agentax.serve._http import RequestGate, json_http_protocol
 from agentax.serve._protocol import (
     MAX_JSON_DEPTH,
     APIError,
@@ -53,6 +57,8 @@ __all__ = ["ChatServer", "shared_server"]
 SERVE_CONTEXT_HINT = ("restart `agentax serve` with a larger --max-seq-len (EngineConfig.max_seq_len "
                       "when the Engine is built in Python)")
 TRAIN_CONTEXT_HINT = "raise the run's engine.max_seq_len (with collector.max_episode_tokens)"
+STOP_TIMEOUT_S = 5
+"""After the drain: the bound on uvicorn's own shutdown (connections closing)."""
 
 
 def _need_stack():
@@ -109,7 +115,9 @@ class ChatServer:
         self._task: asyncio.Task | None = None
         self.url = ""
         """`http://host:port` once started."""
-        self.app = self._build_app()
+        self.gate = RequestGate(self._build_app())
+        """The ASGI app as served: it tracks requests, and drains them on `stop`."""
+        self.app = self.gate
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -129,8 +137,9 @@ class ChatServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_keep_alive=30)
+        config = uvicorn.Config(self.app, http=json_http_protocol(), log_level="warning",
+                                lifespan="off", access_log=False, timeout_keep_alive=30,
+                                timeout_graceful_shutdown=STOP_TIMEOUT_S)
         _quiet_cancelled_requests()  # after Config, which (re)configures uvicorn's loggers
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
@@ -143,15 +152,35 @@ class ChatServer:
         self.url = f"http://{host}:{self.port}"
         return self.url
 
-    async def stop(self) -> None:
-        """Closes every session and stops listening."""
+    async def stop(self, *, drain_s: float = 0.0, hurry: asyncio.Event | None = None
+                   ) -> dict[str, int]:
+        """Stops serving: drains the requests, closes every session, stops listening.
+
+        From the call on, a new request gets a 503 `server_shutting_down`, and so does a call
+        waiting behind another call of its session. Requests already running get `drain_s`
+        seconds to finish; those still running then are answered 503 (a stream ends with an
+        error event) and their engine work is cancelled.
+
+        Args:
+          drain_s: the bound on the wait for running requests (0: cut them at once).
+          hurry: an event that ends the wait early when set (a second signal).
+
+        Returns:
+          `RequestGate.drain`'s counts (in_flight, finished, refused, cut), the refusals
+          counted until the listener closed.
+        """
+        self.gate.stopping = True
+        for s in self._sessions.values():
+            s.shut_down()
+        counts = await self.gate.drain(drain_s, hurry)
         for s in list(self._sessions.values()):
             s.close()
         self._sessions.clear()
         if self._server is not None:
             self._server.should_exit = True
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, 10.0)
+                await asyncio.wait_for(self._task, STOP_TIMEOUT_S + 5.0)
+        return {**self.gate.counts, "in_flight": counts["in_flight"]}  # refusals to the end
 
     async def __aenter__(self) -> ChatServer:
         await self.start()
@@ -311,6 +340,10 @@ class ChatServer:
                              type="invalid_request_error" if exc.status_code < 500 else "server_error")
             return error(e, exc.headers)
 
+        async def server_error(request, exc: Exception) -> JSONResponse:
+            # what escapes a handler off the hot route (Starlette's own answer is plain text)
+            return error(_server_error(exc))
+
         def session_id(request) -> str | None:
             sid = request.path_params.get("sid")
             if sid:
@@ -390,7 +423,8 @@ class ChatServer:
                        Route(f"{prefix}/models", models, methods=["GET"]),
                        Route(f"{prefix}/models/{{model_id:path}}", model, methods=["GET"])]
         routes.append(Route("/s/{sid}/v1/reward", reward, methods=["POST"]))
-        routed = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+        routed = Starlette(routes=routes, exception_handlers={HTTPException: http_error,
+                                                              Exception: server_error})
 
         async def app(scope, receive, send):
             # The hot route, a POST of chat completions, straight to its handler: Starlette's

@@ -108,6 +108,7 @@ class Session:
         self.default_max_tokens = default_max_tokens
         self.lock = asyncio.Lock()
         self.closed = False
+        self._stopping = asyncio.Event()  # the server is stopping: no new turn starts
         self.truncated: str | None = None
         """Why the session's budget ran out (then further calls get a 400)."""
         self.prompt_too_long: str | None = None
@@ -148,7 +149,7 @@ class Session:
         Raises:
           APIError: a budget is spent, the prompt does not fit, or the engine failed.
         """
-        async with self.lock:
+        async with _Turn(self):
             if self.closed:
                 raise APIError(404, f"session {self.id!r} is closed", code="session_closed")
             self.last_used = time.monotonic()
@@ -404,7 +405,44 @@ class Session:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    async def _take_turn(self) -> None:
+        """Takes the session's lock (its calls run one at a time). Raises a 503 instead when
+        the server is stopping, also for a call that was waiting behind another one."""
+        if self._stopping.is_set():
+            raise _shutting_down()
+        if not self.lock.locked():  # the common case: no call ahead of this one
+            await self.lock.acquire()
+            return
+        acquire = asyncio.ensure_future(self.lock.acquire())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((acquire, stopping), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled while waiting: no turn is taken
+            stopping.cancel()
+            self._drop_turn(acquire)
+            raise
+        stopping.cancel()
+        if not self._stopping.is_set():
+            return  # the lock is this call's
+        self._drop_turn(acquire)  # even one taken just as the server began stopping
+        raise _shutting_down()
+
+    def _drop_turn(self, acquire: asyncio.Future) -> None:
+        """Withdraws a pending `lock.acquire()`; gives the lock back if it got it anyway."""
+
+        def give_back(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self.lock.release()
+
+        acquire.cancel()  # a no-op once it is done
+        acquire.add_done_callback(give_back)
+
     # ------------------------------------------------------------------ the end
+
+    def shut_down(self) -> None:
+        """The server is stopping: calls waiting for this session's turn, and any later one,
+        get a 503 `server_shutting_down`; a call already running goes on."""
+        self._stopping.set()
 
     def close(self) -> None:
         """Ends the session: releases its engine sequence; later calls get a 404."""
@@ -433,6 +471,26 @@ class Session:
         if self._earlier:
             out["earlier_segments"] = list(self._earlier)
         return builder.build(reward, status, task_id=task_id, timings=timings, info=out)
+
+
+class _Turn:
+    """`async with _Turn(session)`: one call's hold of the session (see `_take_turn`)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    async def __aenter__(self) -> None:
+        await self.session._take_turn()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.session.lock.release()
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down and did not start this call; retry it "
+                    "against a server that is up", type="server_error", code="server_shutting_down")
 
 
 def _retrieve(future: asyncio.Future) -> None:
