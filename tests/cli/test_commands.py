@@ -94,6 +94,8 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
 
     status, out, err = _run(["doctor", str(run)], capsys)
     assert status == 0 and "Bottleneck:" in out and "Verdict:" in out
+    # The wall time says what it covers: the first segment's SFT warm start apart from RL.
+    assert "= SFT warm start " in out and "(2 steps) + RL part" in out, out
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -50,6 +50,9 @@ class Workload:
     max_staleness: int = 1
     group_size: int = 2
     groups_per_step: int = 2
+    reward: float | None = None  # every episode's reward (None: the reply's vowel share)
+    filters: tuple[str, ...] = ()  # pipeline.filters
+    max_dropped_episodes: int = 4096
 
 
 WORKLOADS = {
@@ -81,7 +84,8 @@ class SleepyEnv(Environment):
     async def _step(self, action) -> StepResult:
         await asyncio.sleep(self.delay_s)
         text = action.text
-        reward = sum(c in "aeiou" for c in text) / max(len(text), 1)
+        reward = sum(c in "aeiou" for c in text) / max(len(text), 1) if self.work.reward is None \
+            else self.work.reward
         return StepResult(observation=Observation(content="again"), reward=reward,
                           done=self.num_steps >= self.work.turns)
 
@@ -122,18 +126,24 @@ class TinyPipeline:
             CollectorConfig(max_turns=8, max_episode_tokens=MAX_SEQ_LEN - 8,
                             model_timeout_s=60, episode_timeout_s=120))
 
-    def run(self, work: Workload, steps: int, run_dir: str | None = None) -> PipelineResult:
+    def run(self, work: Workload, steps: int, run_dir: str | None = None, *,
+            env_factory=None) -> PipelineResult:
         """Run `steps` optimizer steps of `work`; with `run_dir`, traced into it (and a
         config.yaml with the knobs the doctor reads). `last_run_s` / `last_cpu_s` are the wall
         and process CPU time from starting the tracer to closing it; without `run_dir`, of the
         run and a `flush` of what it recorded into a file the caller started, if any (the run
-        pays for encoding every event it recorded)."""
+        pays for encoding every event it recorded). `env_factory` replaces the sleepy
+        environment for this run (e.g. a black-box agent's `OpenAIAgentEnvironment`)."""
         self.work = work
+        default_env = self.collector.env_factory
+        if env_factory is not None:
+            self.collector.env_factory = env_factory
         self.collector.sampling = SamplingParams(temperature=1.0, max_tokens=work.max_tokens)
         self.collector.config = dataclasses.replace(self.collector.config, max_turns=work.turns)
         config = PipelineConfig(group_size=work.group_size, groups_per_step=work.groups_per_step,
-                                max_concurrency=work.max_concurrency, filters=(), mode="async",
-                                max_staleness=work.max_staleness)
+                                max_concurrency=work.max_concurrency, filters=work.filters,
+                                mode="async", max_staleness=work.max_staleness,
+                                max_dropped_episodes=work.max_dropped_episodes)
         tracer = get_tracer()
         if run_dir is not None:
             os.makedirs(run_dir, exist_ok=True)
@@ -151,6 +161,7 @@ class TinyPipeline:
             if run_dir is None:
                 tracer.flush()  # into the file the caller started, if any
         finally:
+            self.collector.env_factory = default_env
             if run_dir is not None:
                 tracer.close()
         self.last_run_s = time.perf_counter() - start

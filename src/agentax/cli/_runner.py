@@ -61,7 +61,7 @@ from agentax.train import check_space, checkpoint_bytes, is_main_process
 from agentax.pipeline import RunFailed
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
-from agentax.trace import MetricsLogger, get_tracer
+from agentax.trace import MetricsLogger, get_tracer, names
 
 __all__ = ["Reporter", "run_eval", "run_sft", "run_train"]
 
@@ -208,36 +208,40 @@ def warm_start(cfg: RunConfig, model, tokenizer, suite: TaskSuite, rep: Reporter
     every_s = cfg.sft.checkpoint_every_s
     t0 = t_saved = time.perf_counter()
     i = start
-    try:
-        with guard.deferring() if guard is not None else contextlib.nullcontext():
-            for i in range(start, cfg.sft.steps):
-                if guard is not None:
-                    guard.check()  # a signal stops SFT here, between two steps
-                if every_s and time.perf_counter() - t_saved >= every_s and i > start:
-                    checkpoint(i)
-                    t_saved = time.perf_counter()
-                metrics = trainer.step(trainer.take(examples, batch_size=cfg.sft.batch_size,
-                                                    batch_tokens=cfg.sft.batch_tokens))
-                if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
-                    last = {f"sft/{k}": v for k, v in metrics.to_dict().items()
-                            if k in ("loss", "accuracy")}
-                    rep.log(i + 1, {"phase": "sft", **last})
-                    if view is not None:
-                        view.update(i, {k.split("/")[1]: v for k, v in last.items()})
-            i = cfg.sft.steps
+    # One span over the warm start (on the trainer track): the doctor reports the run's SFT
+    # time apart from its RL time instead of leaving it out of the wall time unsaid.
+    with rep.tracer.span(names.SFT, track=names.TRAINER_TRACK,
+                         args={"steps": cfg.sft.steps - start}):
+        try:
+            with guard.deferring() if guard is not None else contextlib.nullcontext():
+                for i in range(start, cfg.sft.steps):
+                    if guard is not None:
+                        guard.check()  # a signal stops SFT here, between two steps
+                    if every_s and time.perf_counter() - t_saved >= every_s and i > start:
+                        checkpoint(i)
+                        t_saved = time.perf_counter()
+                    metrics = trainer.step(trainer.take(examples, batch_size=cfg.sft.batch_size,
+                                                        batch_tokens=cfg.sft.batch_tokens))
+                    if (i + 1) % every == 0 or i + 1 == cfg.sft.steps:
+                        last = {f"sft/{k}": v for k, v in metrics.to_dict().items()
+                                if k in ("loss", "accuracy")}
+                        rep.log(i + 1, {"phase": "sft", **last})
+                        if view is not None:
+                            view.update(i, {k.split("/")[1]: v for k, v in last.items()})
+                i = cfg.sft.steps
+                checkpoint(i)
+        except Interrupted as e:
+            if view is not None:
+                view.close()
+            if guard is None or e.message:
+                raise
             checkpoint(i)
-    except Interrupted as e:
+            raise Interrupted(e.signum, f"stopped at SFT step {i} ({interrupted_by(e.signum)}); "
+                              f"checkpoint {ckpt_dir}/step_{i} "
+                              f"is complete; continue with `agentax train {rep.run_dir}`") from None
         if view is not None:
             view.close()
-        if guard is None or e.message:
-            raise
-        checkpoint(i)
-        raise Interrupted(e.signum, f"stopped at SFT step {i} ({interrupted_by(e.signum)}); "
-                          f"checkpoint {ckpt_dir}/step_{i} "
-                          f"is complete; continue with `agentax train {rep.run_dir}`") from None
-    if view is not None:
-        view.close()
-    trainer.sync_counters()
+        trainer.sync_counters()
     rep.timings["sft_s"] = time.perf_counter() - t0
     if save:
         trainer.save_checkpoint(rep.run_dir / CHECKPOINT_DIR)

@@ -210,6 +210,9 @@ class Pipeline:
         for traj in group.trajectories:
             self.accounting.statuses[traj.status.value] += 1
             self.accounting.filtered[reason] += 1
+        # `agentax doctor` names a run whose groups were filtered away, and which tasks.
+        self.tracer.instant(names.GROUP_DROPPED, track=names.COLLECTOR_TRACK, args={
+            "reason": reason, "task_id": group.task_id, "episodes": len(group.trajectories)})
 
     def _screen(self, group: Group) -> Group | None:
         """Failed members sink the group (counted by status); then the configured filters."""

@@ -48,6 +48,7 @@ from agentax.serve._deltas import ContentDeltas, delivered_content
 from agentax.serve._protocol import APIError, ChatRequest, Choice, check_response_format
 from agentax.serve._scoring import can_score, top_logprobs
 from agentax.text import parse_tool_calls
+from agentax.trace import get_tracer, names
 
 __all__ = ["Session", "SessionLimits"]
 
@@ -129,6 +130,12 @@ class Session:
         self._sequence_id: int | None = None
         self._earlier: list[dict[str, Any]] = []
         self._calls = 0
+        # A training session is opened inside its episode's span: its model calls are traced
+        # on that episode's track, as the collector's own, so `agentax doctor` counts them as
+        # the episode's model time (the HTTP handler that runs them is another task).
+        track = get_tracer().current_track()
+        self._trace_track = track if isinstance(track, str) and track.startswith(
+            names.EPISODE_TRACK_PREFIX) else None
         self._counts = {"calls": 0, "segment_breaks": 0, "parse_errors": 0, "sampling_overridden": 0}
 
     # ------------------------------------------------------------------ requests
@@ -179,8 +186,14 @@ class Session:
                 context = builder.build(0.0, TrajectoryStatus.OK).token_ids
             deltas = self._deltas(req) if on_delta is not None else None
             try:
-                completions = await self._generate(prompt_ids, params, req.n, context,
-                                                   deltas, on_delta)
+                if self._trace_track is None:
+                    completions = await self._generate(prompt_ids, params, req.n, context,
+                                                       deltas, on_delta)
+                else:
+                    with get_tracer().span(names.MODEL_CALL, track=self._trace_track,
+                                           args={"prompt_tokens": int(len(prompt_ids))}):
+                        completions = await self._generate(prompt_ids, params, req.n, context,
+                                                           deltas, on_delta)
             except BaseException:
                 self._break_segment()
                 raise

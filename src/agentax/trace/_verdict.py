@@ -1,6 +1,7 @@
 """Turn the measured fractions into a bottleneck, a plain-words verdict and one suggestion.
 
-`decide` checks its rules in order: balanced (a busy trainer that the rollouts keep up with),
+`decide` checks its rules in order: all_filtered (no train step, and groups were dropped for
+all-equal rewards), balanced (a busy trainer that the rollouts keep up with),
 trainer, staleness, engine_slots, environment, model, else balanced. The thresholds are
 deliberately round and the report prints the numbers behind them, so a reader can disagree;
 docs/tracing.md tabulates the rules.
@@ -70,8 +71,33 @@ def _browser_share(by_name: dict) -> float:
     return min(1.0, browser / env) if env else 0.0
 
 
+ALL_EQUAL_KNOB = (
+    "warm-start the policy (sft.steps, init.from_run) if it fails every task, or raise "
+    "sampling.temperature / pipeline.group_size so a group's samples can differ; "
+    "pipeline.filters=[] trains on all-equal groups anyway (their advantage is 0: no signal)")
+"""What to turn when groups are dropped for all-equal rewards (the doctor and the pipeline's
+warnings say the same)."""
+
+
+def _all_filtered(fields: dict) -> tuple[str, str, str]:
+    groups, episodes = fields["dropped_groups"], fields["dropped_episodes"]
+    n, eps = groups["all_equal_rewards"], episodes.get("all_equal_rewards", 0)
+    tasks = fields["dropped_tasks"]
+    named = ", ".join(f"{t} ({k})" for t, k in list(tasks.items())[:5])
+    more = f" and {len(tasks) - 5} more" if len(tasks) > 5 else ""
+    lead = (f"No train step happened: {n} groups ({eps} episodes) were dropped "
+            f"by the 'all_equal_rewards' filter (pipeline.filters): every sample of a group got "
+            f"the same reward, so there was nothing to learn from; tasks (groups): {named}{more}")
+    others = {k: v for k, v in groups.items() if k != "all_equal_rewards"}
+    if others:
+        lead += f"; other drops: {others}"
+    return "all_filtered", lead + ".", ALL_EQUAL_KNOB
+
+
 def decide(fields: dict, by_name: dict, wall: int) -> tuple[str, str, str]:
     """(bottleneck, verdict, suggestion) from the report fields."""
+    if not fields["train_steps"] and fields["dropped_groups"].get("all_equal_rewards"):
+        return _all_filtered(fields)  # nothing else matters while no step can happen
     busy = fields["trainer_busy_fraction"]
     wait = fields["trainer_wait_fraction"]
     stalls, episodes = by_name.get(names.STALENESS_WAIT, []), by_name.get(names.EPISODE, [])

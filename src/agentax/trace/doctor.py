@@ -24,7 +24,7 @@ from agentax.trace._files import CONFIG_FILENAME, METRICS_FILENAME
 from agentax.trace._intervals import binned_concurrency, length, merge, step_series_stats
 from agentax.trace._metrics import read_metrics
 from agentax.trace._reader import TraceData, read_trace
-from agentax.trace._verdict import decide, pct
+from agentax.trace._verdict import ALL_EQUAL_KNOB, decide, pct
 
 __all__ = ["DoctorReport", "Latency", "StageTime", "analyze", "format_report", "read_knobs"]
 
@@ -90,6 +90,13 @@ class DoctorReport:
     notes: tuple[str, ...] = ()
     host: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # cpu_cores, jax_backend
     training_slowdown: float | None = None  # decode step p50 while training / while not
+    sft_s: float = 0.0  # the SFT warm start's traced time (`sft` span), before the RL part
+    sft_steps: int = 0
+    rl_wall_s: float = 0.0  # wall time after the warm start: what the fractions are over
+    dropped_groups: Mapping[str, int] = dataclasses.field(default_factory=dict)  # reason -> groups
+    dropped_episodes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # reason -> episodes
+    dropped_tasks: Mapping[str, int] = dataclasses.field(default_factory=dict)  # all-equal groups by task
+    untraced_sft_steps: int = 0  # SFT steps metrics.jsonl logs while the trace has no `sft` span
 
 
 def read_knobs(run_dir: str) -> dict[str, Any]:
@@ -169,6 +176,21 @@ def _episode_shares(trace: TraceData) -> dict[str, float]:
     return dict(shares)
 
 
+def _dropped(trace: TraceData) -> dict[str, dict[str, int]]:
+    """Groups and episodes the pipeline dropped, by reason; all-equal groups by task."""
+    groups: Counter = Counter()
+    episodes: Counter = Counter()
+    tasks: Counter = Counter()
+    for i in trace.instants_named(names.GROUP_DROPPED):
+        reason = str(i.args.get("reason", "?"))
+        groups[reason] += 1
+        episodes[reason] += int(i.args.get("episodes", 0) or 0)
+        if reason == "all_equal_rewards":
+            tasks[str(i.args.get("task_id", "?"))] += 1
+    return {"dropped_groups": dict(groups), "dropped_episodes": dict(episodes),
+            "dropped_tasks": dict(tasks.most_common())}
+
+
 def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorReport:
     """Read RUN_DIR's trace (+ metrics.jsonl, config.yaml) and explain where time went.
 
@@ -187,10 +209,17 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
     knobs = read_knobs(run_dir)
     notes = () if trace.spans else ("the trace holds no spans; was anything instrumented?",)
     t0, t1 = trace.start_ns, trace.end_ns
-    wall = max(t1 - t0, 1)
     by_name: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for s in trace.spans:
         by_name[s.name].append((s.start_ns, s.end_ns))
+    # The SFT warm start comes first and generates nothing: every fraction below is over the
+    # RL part after it (the header says how long each took).
+    sft_spans = trace.spans_named(names.SFT)
+    sft_ns = length(by_name.get(names.SFT, []))
+    if sft_spans:
+        t0 = min(max(t0, max(s.end_ns for s in sft_spans)), t1)
+    full_wall = max(trace.end_ns - trace.start_ns, 1)
+    wall = max(t1 - t0, 1)
 
     stages = tuple(StageTime(name=n, count=len(by_name[n]), active_s=length(by_name[n]) / 1e9,
                              active_fraction=length(by_name[n]) / wall,
@@ -228,7 +257,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
             timeline[cname] = tuple(acc.round(4).tolist())
 
     fields = dict(
-        run_dir=run_dir, wall_s=wall / 1e9, stages=stages, latencies=tuple(latencies),
+        run_dir=run_dir, wall_s=full_wall / 1e9, stages=stages, latencies=tuple(latencies),
         engine_busy_fraction=engine_busy, engine_full_fraction=engine_full,
         engine_mean_active=mean_active, engine_mean_waiting=mean_waiting,
         trainer_busy_fraction=trainer_busy, trainer_wait_fraction=trainer_wait,
@@ -239,8 +268,17 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         train_steps=len(by_name.get(names.TRAIN_STEP, ())), metrics_records=len(metrics),
         timeline_bin_s=bin_ns / 1e9, timeline=timeline, notes=notes,
         host=next((dict(i.args) for i in trace.instants_named(names.HOST_INFO)[::-1]), {}),
-        training_slowdown=_training_slowdown(by_name))
+        training_slowdown=_training_slowdown(by_name),
+        sft_s=sft_ns / 1e9, rl_wall_s=wall / 1e9,
+        sft_steps=sum(int(s.args.get("steps", 0) or 0) for s in sft_spans),
+        untraced_sft_steps=0 if sft_spans else sum(r.get("phase") == "sft" for r in metrics),
+        **_dropped(trace))
     bottleneck, verdict, suggestion = decide(fields, by_name, wall)
+    equal = fields["dropped_episodes"].get("all_equal_rewards", 0)
+    if fields["train_steps"] and equal and equal >= fields["episodes"] / 2:
+        fields["notes"] = (*notes, f"{equal} of {fields['episodes']} episodes were dropped as "
+                           f"groups with all-equal rewards (most by task: "
+                           f"{', '.join(list(fields['dropped_tasks'])[:3])}); {ALL_EQUAL_KNOB}")
     return DoctorReport(bottleneck=bottleneck, verdict=verdict, suggestion=suggestion, **fields)
 
 
@@ -248,11 +286,32 @@ def _pct(x: float | None) -> str:
     return f"{pct(x, 1):>6}"
 
 
+def _covers(report: DoctorReport) -> str:
+    """What the wall time covers: the SFT warm start apart from the RL part."""
+    if report.sft_s:
+        return (f"  = SFT warm start {report.sft_s:.2f} s ({report.sft_steps} steps) + RL part "
+                f"{report.rl_wall_s:.2f} s (evaluations included); every share below is of the "
+                f"RL part")
+    if report.untraced_sft_steps:
+        return (f"  covers only what the trace holds: metrics.jsonl logs SFT steps "
+                f"({report.untraced_sft_steps} rows) that the trace has no `sft` span for, so "
+                f"the warm start's time is left out")
+    return "  from the first traced event to the last (no SFT warm start traced)"
+
+
+def _dropped_line(report: DoctorReport) -> list[str]:
+    if not report.dropped_groups:
+        return []
+    parts = ", ".join(f"{reason} {n} groups ({report.dropped_episodes.get(reason, 0)} episodes)"
+                      for reason, n in sorted(report.dropped_groups.items(), key=lambda kv: -kv[1]))
+    return [f"  dropped groups         {parts}"]
+
+
 def format_report(report: DoctorReport) -> str:
     """The report as text: stages, utilisation, latencies, staleness, verdict."""
     lines = [f"agentax doctor: {report.run_dir}",
              f"wall time {report.wall_s:.2f} s, {report.episodes} episodes, {report.train_steps} "
-             f"train steps, {report.metrics_records} metrics records", "",
+             f"train steps, {report.metrics_records} metrics records", _covers(report), "",
              "Wall time by stage          active    share   summed  count"]
     for st in report.stages:
         lines.append(f"  {st.name:<22} {st.active_s:9.2f} s {_pct(st.active_fraction)} "
@@ -276,6 +335,7 @@ def format_report(report: DoctorReport) -> str:
         shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(
             report.episode_time_shares.items(), key=lambda kv: -kv[1]))
         lines.append(f"  episode time           {shares}")
+    lines += _dropped_line(report)
     lines += ["", "Latency (s)                  count      p50      p95      p99      max"]
     for lat in report.latencies:
         lines.append(f"  {lat.name:<22} {lat.count:8d} {lat.p50_s:8.3f} {lat.p95_s:8.3f} "

@@ -16,6 +16,7 @@ ENV_STEP = "env_step"
 TOOL_CALL = "tool_call"
 REWARD = "reward"
 TRAIN_STEP = "train_step"  # one optimizer step; flow_in = the flows of the episodes it consumed
+SFT = "sft"  # the SFT warm start, one span over all its steps (trainer track; args `steps`)
 WEIGHT_PUBLISH = "weight_publish"
 TRAINER_WAIT = "trainer_wait"  # trainer blocked waiting for a complete group
 PRODUCER_BLOCKED = "producer_blocked"  # collector blocked on a full group queue (back-pressure)
@@ -24,6 +25,8 @@ PREFILL = "prefill"  # engine prefill of new requests into free slots (engine tr
 DECODE_STEP = "decode_step"  # one batched decode step of all active slots (engine track)
 DEVICE_CALL = "device_call"  # default name for `Tracer.device_span`
 HOST_INFO = "host_info"  # instant at `Tracer.start`: cpu_cores, jax_backend, jax_devices
+GROUP_DROPPED = "group_dropped"  # instant (collector track): a group the filters dropped;
+# args `reason` (all_equal_rewards, ...), `task_id`, `episodes`
 BROWSER_LAUNCH = "browser_launch"  # a BrowserEnvironment starts its worker's Chromium
 BROWSER_NAVIGATE = "browser_navigate"  # a page load (inside env_reset / env_step)
 BROWSER_ACTION = "browser_action"  # one click / type / ... on the page
