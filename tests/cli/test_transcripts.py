@@ -149,6 +149,37 @@ def test_html_page_renders_and_filters_episodes_in_a_real_browser(run, tmp_path)
     page = dom("#phase=train&step_max=1")
     shown = sum(r["phase"] == "train" and r["step"] <= 1 for r in records)
     assert page.count('<details class="episode') == shown and 0 < shown < train
+    # Episodes open collapsed; #open=1 opens every one (what "expand all" does).
+    assert page.count('open=""') == 0
+    page = dom("#phase=train&step_max=1&open=1")
+    assert page.count('<details class="episode') == page.count('open=""') == shown
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH to open the HTML page in")
+def test_html_page_expands_and_collapses_all_episodes(run, tmp_path):
+    """The "expand all" / "collapse all" buttons, clicked in a real browser; a filter change
+    keeps the choice."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    run_dir, _ = run
+    out = tmp_path / "page.html"
+    assert main(["show", str(run_dir), "--html", str(out)]) == 0
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(out.resolve().as_uri())
+            opened = "() => [...document.querySelectorAll('#episodes details')].map(d => d.open)"
+            states = page.evaluate(opened)
+            assert states and not any(states)
+            page.click("#expand-all")
+            assert all(page.evaluate(opened))
+            page.select_option("#f-phase", "train")  # re-rendered by the filter: still open
+            states = page.evaluate(opened)
+            assert states and all(states)
+            page.click("#collapse-all")
+            assert not any(page.evaluate(opened))
+        finally:
+            browser.close()
 
 
 def _traj(group: str, sample: int, reward: float = 0.0) -> Trajectory:

@@ -29,7 +29,7 @@ table{border-collapse:collapse}td,th{padding:.15em .7em;border-bottom:1px solid 
 th:first-child,td:first-child{text-align:left}img{max-width:100%}
 #doctor pre{background:#f6f6f6;padding:.6em;max-height:24em;overflow:auto}
 #filters{display:flex;flex-wrap:wrap;gap:.4em 1em;align-items:center;margin:.6em 0}
-#filters input[type=number]{width:5.5em}#count{color:#666}
+#filters input[type=number]{width:5.5em}#count{color:#666}#fold button{margin-right:.4em}
 .episode{border:1px solid #ddd;border-left:4px solid #c33;border-radius:4px;margin:.4em 0;padding:.2em .6em}
 .episode.success{border-left-color:#2a2}.episode summary{cursor:pointer;font-weight:600}
 .msg{margin:.35em 0 .35em .6em;padding:.2em .5em;border-radius:3px;background:#f8f8f8}
@@ -44,8 +44,11 @@ _JS = """
   const $ = (id) => document.getElementById(id);
   const ids = {phase: "f-phase", outcome: "f-outcome", step_min: "f-step-min",
     step_max: "f-step-max", reward_min: "f-reward-min", reward_max: "f-reward-max", text: "f-text"};
+  // Episodes open or closed as rendered; "expand all" / "collapse all" (or #open=1) set it.
+  let allOpen = false;
   new URLSearchParams(location.hash.slice(1)).forEach(function (value, key) {
     if (ids[key]) $(ids[key]).value = value;
+    if (key === "open") allOpen = value === "1";
   });
   for (const r of data) {
     r.search = (r.header + "\\n" + r.conversation.map((m) => m.join(" ")).join("\\n")).toLowerCase();
@@ -75,6 +78,7 @@ _JS = """
     const d = el("details", "episode " + (r.success ? "success" : "failure"));
     d.dataset.phase = r.phase;
     d.dataset.step = r.step;
+    d.open = allOpen;
     d.appendChild(el("summary", "", r.header));
     for (const [role, detail, text] of r.conversation) {
       const m = el("div", "msg " + role);
@@ -97,6 +101,12 @@ _JS = """
     }
     $("count").textContent = shown + " of " + data.length + " episodes";
   }
+  function fold(open) {
+    allOpen = open;
+    for (const d of $("episodes").children) d.open = open;
+  }
+  $("expand-all").addEventListener("click", () => fold(true));
+  $("collapse-all").addEventListener("click", () => fold(false));
   $("filters").addEventListener("input", update);
   update();
 })();
@@ -190,7 +200,8 @@ def page(run_dir: str | Path, records: Sequence[dict[str, Any]]) -> str:
 <input id="f-reward-max" type="number" step="any"></label>
 <label>text <input id="f-text" type="search"></label>
 </form>
-<p id="count"></p>
+<p id="fold"><span id="count"></span> <button type="button" id="expand-all">expand all</button><button
+type="button" id="collapse-all">collapse all</button></p>
 <div id="episodes"></div>
 </section>
 <script id="transcripts" type="application/json">{data}</script>
