@@ -98,12 +98,13 @@ def test_all_equal_filter_drops_counts_and_warns(make_parts, tasks, caplog):
                             max_staleness=1)
     pipeline = Pipeline(parts.collector, parts.trainer, parts.engine, tasks, config)
     warn_at = 8 * 2  # 8 x groups_per_step groups in a row, 2 episodes each
+    wait_for = 2 * 4 * len(tasks)  # every task came back all-equal 4 times: each has rested
 
     async def run_until_warned():
         run = asyncio.create_task(pipeline.arun(1))
         # Every group has equal rewards, so the run can never step: wait for the drops
         # (a condition, not a fixed time), then cancel it as Ctrl-C would.
-        while pipeline.accounting.filtered["all_equal_rewards"] < warn_at and not run.done():
+        while pipeline.accounting.filtered["all_equal_rewards"] < wait_for and not run.done():
             await asyncio.sleep(0.05)
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -113,7 +114,16 @@ def test_all_equal_filter_drops_counts_and_warns(make_parts, tasks, caplog):
         asyncio.run(run_until_warned())
     acc = pipeline.accounting
     assert acc.filtered["all_equal_rewards"] >= warn_at and acc.trained == 0
-    assert "the last 8 groups were all dropped" in caplog.text
+    # One warning, specific: the share, the tasks with the reward their samples shared, the
+    # tasks resting, the knobs.
+    warnings = [r.getMessage() for r in caplog.records if "same reward" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "groups (100%," in warnings[0] and "t0 (" in warnings[0] and "reward 1)" in warnings[0]
+    assert "pipeline.rest_confident_after=3" in warnings[0]
+    assert "pipeline.filters=[]" in warnings[0]
+    # Each task came back all-equal 3 times in a row and rests: admissions skipped, counted.
+    assert acc.rested and set(acc.rested) <= {t.id for t in tasks}
+    assert acc.summary()["rested"] == dict(acc.rested)
     # Cancelled mid-run: nothing hangs and every episode is still accounted for.
     acc.check()
     assert acc.started == acc.num_filtered + acc.num_failed

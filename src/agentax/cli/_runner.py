@@ -532,21 +532,6 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
         1, f"agentax train: error: {error}; the event loop stayed blocked, so the run exited "
         f"without a new checkpoint; after the fix, {saved}")
 
-    async def watchdog() -> None:
-        """Says so when every group is being filtered out and no step can happen."""
-        seen_steps, seen_dropped = -1, 0
-        while True:
-            await asyncio.sleep(20.0)
-            steps = sum(r.get("phase") == "rl" for r in rep.history)
-            dropped = pipeline.accounting.filtered.get("all_equal_rewards", 0)
-            if steps == seen_steps and dropped - seen_dropped >= 2 * cfg.pipeline.group_size * \
-                    cfg.pipeline.groups_per_step:
-                rep.warn(f"no RL step for a while; {dropped - seen_dropped} "
-                        "episodes were dropped because every sample of their group got the same "
-                        "reward (no learning signal). Warm-start the policy (sft.steps, "
-                        "init.from_run) or set pipeline.filters=[] to train on them anyway.")
-            seen_steps, seen_dropped = steps, dropped
-
     async def main() -> Any:
         guard.enter_loop(asyncio.current_task())
         try:
@@ -564,11 +549,8 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
                 cfg, engine, tokenizer, suite), transcripts)
         rep.timings["eval_before_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        watch = asyncio.create_task(watchdog())
-        try:
-            result = await pipeline.arun(steps_left)
-        finally:
-            watch.cancel()
+        # (groups dropped for all-equal rewards: the pipeline's own warning, once a minute)
+        result = await pipeline.arun(steps_left)
         rep.timings["rl_s"] = time.perf_counter() - t
         checkpoint()  # before the final evaluation, which a kill may interrupt
         if views and views[0] is not None:

@@ -28,6 +28,10 @@ class Accounting:
     """Episodes that ended in an error status, by status (counted when their group is dropped)."""
     statuses: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """Final status of every finished episode (trained or not)."""
+    rested: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    """Group admissions skipped because their task was resting (its groups kept coming back
+    all-equal: `PipelineConfig.rest_confident_after`), by task. No episode was started for
+    them, so they are outside the episode invariant."""
 
     @property
     def num_filtered(self) -> int:
@@ -57,5 +61,6 @@ class Accounting:
             "filtered": dict(self.filtered),
             "failed": dict(self.failed),
             "statuses": dict(self.statuses),
+            "rested": dict(self.rested),
             "in_flight": self.in_flight,
         }

@@ -53,6 +53,14 @@ class PipelineConfig:
     """The run stops when this many episodes in a row were dropped by the group filters with
     no step in between (an untrained policy whose groups all get equal rewards samples
     forever otherwise); 0 never stops. Failed episodes are the breaker's (breaker_window)."""
+    rest_confident_after: int = 3
+    """A task whose groups came back all-equal (dropped by the 'all_equal_rewards' filter) this
+    many times in a row rests: its next admission is skipped, and twice as many after each
+    further all-equal group (up to rest_confident_max), so other tasks get the rollouts; a group
+    of it whose rewards differ ends the rest. Skipped admissions start no episode and are
+    counted by task (accounting 'rested'). 0 never rests a task."""
+    rest_confident_max: int = 32
+    """The most admissions of one resting task skipped in a row."""
     loop_block_limit_s: float = 10.0
     """The run stops when the event loop was blocked this long (e.g. `time.sleep` inside an
     async environment step); 0 disables the watchdog."""
@@ -92,6 +100,12 @@ class PipelineConfig:
         if self.max_dropped_episodes < 0:
             raise ValueError(f"pipeline.max_dropped_episodes must be >= 0 (0 never stops), got "
                              f"{self.max_dropped_episodes}")
+        if self.rest_confident_after < 0:
+            raise ValueError(f"pipeline.rest_confident_after must be >= 0 (0 never rests a task), "
+                             f"got {self.rest_confident_after}")
+        if self.rest_confident_max < 1:
+            raise ValueError(f"pipeline.rest_confident_max must be >= 1, got "
+                             f"{self.rest_confident_max}")
         if not self.stall_timeout_s > 0 or self.stall_timeout_s == float("inf"):
             raise ValueError(f"pipeline.stall_timeout_s must be a positive number of seconds, "
                              f"got {self.stall_timeout_s}")

@@ -46,6 +46,7 @@ from agentax._executors import set_stage_threads
 from agentax.pipeline._accounting import Accounting
 from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
 from agentax.pipeline._config import PipelineConfig
+from agentax.pipeline._confident import DropReport, TaskRest
 from agentax.pipeline._placement import publish_into
 from agentax.pipeline._staleness import StalenessGate, StragglerLimit
 from agentax.records import Group, Task, Trajectory, TrajectoryStatus
@@ -55,7 +56,8 @@ from agentax.trace import get_tracer, names
 __all__ = ["Pipeline", "PipelineResult", "StepRecord", "drop_all_equal_rewards", "group_staleness"]
 
 log = logging.getLogger(__name__)
-_DROP_STREAK_WARNING = 8  # in units of groups_per_step
+_DROP_STREAK_WARNING = 8  # in units of groups_per_step: all-equal groups before a first warning
+_MAX_SKIPS = 4096  # admissions of resting tasks skipped at most in a row (then one runs anyway)
 TRAIN_FINISH_S = 600.0  # a stopping run waits this long for the train step in flight
 
 _TRAINABLE = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
@@ -187,6 +189,9 @@ class Pipeline:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentax-trainer")
         self._drop_streak = 0
         self._filtered_streak = 0  # episodes dropped by filters since the last kept group
+        self._rest = TaskRest(config.rest_confident_after, config.rest_confident_max)
+        self._drops = DropReport(min_groups=_DROP_STREAK_WARNING * config.groups_per_step)
+        self._admitted: dict[int, Task] = {}  # group index -> its task, chosen at admission
         self._training: asyncio.Future | None = None  # the train step in flight (_train_whole)
         self.on_loop_stuck: Callable[[RunFailed], Any] | None = None
         """Called from a watchdog thread when the event loop stays blocked after the loop
@@ -206,6 +211,37 @@ class Pipeline:
             return self.tasks(group_index)
         return self.tasks[group_index % len(self.tasks)]
 
+    def _admit(self) -> int:
+        """The next group index to run, past admissions of resting tasks (counted by task)."""
+        for skipped in range(_MAX_SKIPS + 1):
+            index = self.next_group
+            self.next_group += 1
+            task = self.task_for(self.data_index(index))
+            # (every task resting that long: this one runs anyway)
+            if skipped == _MAX_SKIPS or not self._rest.skip(task.id):
+                break
+            self.accounting.rested[task.id] += 1
+        self._admitted[index] = task
+        return index
+
+    def _observe_screened(self, group: Group, kept: Group | None) -> None:
+        """Feeds a screened, non-failed group to the task rest and the rate-limited warning."""
+        equal = kept is None and bool(self.config.filters) and \
+            drop_all_equal_rewards(group) is not None
+        self._rest.observe(group.task_id, equal)
+        self._drops.observe(group.task_id, equal, len(group.trajectories),
+                            group.trajectories[0].reward if group.trajectories else None)
+        if self._drops.due():
+            rest = self.config.rest_confident_after
+            log.warning("%s", self._drops.message(
+                resting=self._rest.resting(), rested=self.accounting.rested, knobs=(
+                    "a task the policy already solves rests after "
+                    f"pipeline.rest_confident_after={rest} such groups in a row (0 never rests; "
+                    f"pipeline.rest_confident_max={self.config.rest_confident_max} caps a rest); "
+                    "one it fails every time needs a warm start (sft.steps, init.from_run) or "
+                    "more varied samples (sampling.temperature, pipeline.group_size); "
+                    "pipeline.filters=[] trains on such groups anyway")))
+
     def _account_dropped(self, group: Group, reason: str) -> None:
         for traj in group.trajectories:
             self.accounting.statuses[traj.status.value] += 1
@@ -218,23 +254,16 @@ class Pipeline:
         """Failed members sink the group (counted by status); then the configured filters."""
         filtered_before = sum(self.accounting.filtered.values())
         kept = self._screen_group(group)
+        failed = any(t.status not in _TRAINABLE for t in group.trajectories)
         if kept is not None:
             self._drop_streak = self._filtered_streak = 0
         else:
             self._drop_streak += 1
-            if not any(t.status not in _TRAINABLE for t in group.trajectories):
+            if not failed:
                 self._filtered_streak += sum(self.accounting.filtered.values()) - filtered_before
+        if not failed:  # (failing episodes are the breaker's to report)
+            self._observe_screened(group, kept)
         limit = self.config.max_dropped_episodes
-        if (self._drop_streak == _DROP_STREAK_WARNING * self.config.groups_per_step
-                and self._filtered_streak and (not limit or self._filtered_streak < limit)):
-            # Not an error yet (a policy can recover), but a run that drops everything never
-            # steps. (Failing episodes are the breaker's to report.)
-            log.warning(
-                "the last %d groups were all dropped (filtered %s, failed %s); the trainer cannot "
-                "step until a group survives — e.g. an untrained policy with all-equal rewards "
-                "under the 'all_equal_rewards' filter",
-                self._drop_streak, dict(self.accounting.filtered), dict(self.accounting.failed),
-            )
         if limit and self._filtered_streak >= limit:
             self._filtered_streak = 0
             self._fail(RunFailed(
@@ -273,7 +302,7 @@ class Pipeline:
     async def _run_group(self, index: int, episodes: asyncio.Semaphore,
                          members: _Members | None = None) -> Group:
         key = self.data_index(index)
-        task = self.task_for(key)
+        task = self._admitted.pop(index, None) or self.task_for(key)
         group_id = f"g{key}"
         members = members if members is not None else _Members()
 
@@ -463,8 +492,7 @@ class Pipeline:
             with self.tracer.span(names.TRAINER_WAIT, track=names.TRAINER_TRACK):
                 while len(kept) < cfg.groups_per_step:
                     need = cfg.groups_per_step - len(kept)
-                    indices = range(self.next_group, self.next_group + need)
-                    self.next_group += need
+                    indices = [self._admit() for _ in range(need)]
                     groups = await asyncio.gather(*(self._run_group(i, episodes) for i in indices))
                     kept.extend(g for g in groups if self._screen(g) is not None)
             steps.append(await self._train_whole(kept, time.perf_counter() - t_wait, t_start))
@@ -503,8 +531,7 @@ class Pipeline:
                         deadline = await gate.acquire()
                 else:
                     deadline = await gate.acquire()
-                index = self.next_group
-                self.next_group += 1
+                index = self._admit()
                 run = _Running(index, deadline, time.perf_counter(), _Members())
                 task = asyncio.create_task(group_done(run))
                 running[task] = run

@@ -1,0 +1,122 @@
+"""Tasks whose groups keep coming back all-equal rest, and the warning about them comes at most
+once a minute, naming the tasks; the books still balance (a rested admission starts nothing)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from agentax.pipeline import Pipeline, PipelineConfig
+from agentax.pipeline._confident import DropReport, TaskRest
+from agentax.records import Group, Task, Trajectory, TrajectoryStatus
+
+TASKS = [Task(id=f"t{i}", prompt=f"task {i}") for i in range(5)]
+
+
+def _group(index: int, task: Task, rewards) -> Group:
+    trajs = tuple(Trajectory(
+        task_id=task.id, token_ids=np.arange(4, dtype=np.int32),
+        loss_mask=np.array([0, 0, 1, 1], np.int8), logprobs=np.zeros(4, np.float32),
+        versions=np.zeros(4, np.int32), reward=float(r), status=TrajectoryStatus.OK,
+        group_id=f"g{index}", sample_index=i) for i, r in enumerate(rewards))
+    return Group(group_id=f"g{index}", task_id=task.id, trajectories=trajs)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_task_rest_doubles_up_to_its_cap_and_a_signal_ends_it():
+    rest = TaskRest(rest_after=3, max_rest=4)
+    for _ in range(2):
+        rest.observe("a", True)
+    assert not rest.skip("a")  # two all-equal groups: not yet
+    rest.observe("a", True)
+    assert [rest.skip("a") for _ in range(2)] == [True, False]  # 1 skipped
+    rest.observe("a", True)
+    assert [rest.skip("a") for _ in range(3)] == [True, True, False]  # 2
+    for _ in range(5):
+        rest.observe("a", True)
+    assert sum(rest.skip("a") for _ in range(10)) == 4  # capped
+    rest.observe("a", True)
+    rest.observe("a", False)  # rewards differ: the rest ends
+    assert not rest.skip("a") and rest.resting() == []
+    never = TaskRest(rest_after=0, max_rest=4)
+    for _ in range(10):
+        never.observe("a", True)
+    assert not never.skip("a")
+
+
+def _simulate(rest_after: int, caplog) -> tuple[Pipeline, list[str], list[tuple[int, str]]]:
+    """Five simulated minutes, a group a second: t0-t3's groups always all-equal, t4's never
+    (80 % all-equal while nothing rests). Returns the pipeline, the tasks admitted in order and
+    the warnings with the simulated second each was given at."""
+    config = PipelineConfig(group_size=4, groups_per_step=1, rest_confident_after=rest_after)
+    pipeline = Pipeline(None, None, None, TASKS, config)
+    clock = Clock()
+    pipeline._drops = DropReport(min_groups=8, clock=clock)  # the same report, on a virtual clock
+    admitted, warnings = [], []
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentax.pipeline._pipeline"):
+            for second in range(300):
+                clock.now = float(second)
+                index = pipeline._admit()
+                task = pipeline._admitted.pop(index)
+                admitted.append(task.id)
+                rewards = [1.0] * 4 if task.id != "t4" else [0.0, 1.0, 1.0, 0.0]
+                pipeline.accounting.started += 4
+                seen = len(caplog.records)
+                if pipeline._screen(_group(index, task, rewards)) is not None:
+                    pipeline.accounting.trained += 4
+                warnings += [(second, r.getMessage()) for r in caplog.records[seen:]]
+    finally:
+        pipeline._executor.shutdown()
+    acc = pipeline.accounting
+    acc.check()  # nothing in flight, nothing lost: trained + filtered == started
+    confident = sum(admitted.count(t) for t in ("t0", "t1", "t2", "t3"))
+    assert acc.filtered["all_equal_rewards"] == 4 * confident
+    return pipeline, admitted, warnings
+
+
+def test_all_equal_groups_warn_at_most_once_a_minute_naming_the_tasks(caplog):
+    _, admitted, warnings = _simulate(0, caplog)  # nothing rests: 80 % all-equal throughout
+    assert admitted.count("t4") == 60
+    seconds = [s for s, _ in warnings]
+    assert len(seconds) == 5 and all(b - a >= 60 for a, b in zip(seconds, seconds[1:])), seconds
+    for _, text in warnings:
+        assert "same reward" in text and ("(80%," in text or "(89%," in text), text
+        assert all(f"t{i} (" in text for i in range(4)) and "t4 (" not in text
+        assert "reward 1)" in text and "pipeline.rest_confident_after=0" in text
+        assert "pipeline.filters=[]" in text and "sft.steps" in text
+
+
+def test_a_confident_task_rests_and_the_others_get_the_rollouts(caplog):
+    pipeline, admitted, warnings = _simulate(3, caplog)
+    counts = {t.id: admitted.count(t.id) for t in TASKS}
+    # t4 (the one with a learning signal) gets most groups; the confident ones rest.
+    assert counts["t4"] > 3 * max(counts[t] for t in ("t0", "t1", "t2", "t3")), counts
+    acc = pipeline.accounting
+    assert set(acc.rested) == {"t0", "t1", "t2", "t3"} and acc.summary()["rested"] == dict(acc.rested)
+    # Fewer all-equal groups (under half of them once the four rest), so fewer warnings.
+    assert 1 <= len(warnings) < 5, warnings
+
+
+def test_the_warning_says_what_rests():
+    import collections
+
+    clock = Clock()
+    report = DropReport(min_groups=2, clock=clock)
+    for reward in (0.0, 0.0, 0.5):
+        report.observe("t0", True, 4, reward)
+    clock.now = 30.0
+    assert report.due()
+    text = report.message(resting=["t0"], rested=collections.Counter(t0=7), knobs="KNOBS")
+    assert text.startswith("in the last 30 s, 3 of 3 groups (100%, 12 episodes)")
+    assert "t0 (3, reward 0/0.5)" in text and "resting 1 task(s) (t0), 7 admissions skipped" in text
+    assert text.endswith("; KNOBS") and not report.due()  # a new window, and rate-limited
