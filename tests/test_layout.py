@@ -27,7 +27,7 @@ LAYER = {
     "models": 2, "text": 2,
     "agents": 3, "envs": 3, "tools": 3, "rewards": 3,
     "engine": 4, "algos": 4,
-    "rollout": 5, "train": 5, "serve": 5,
+    "rollout": 5, "train": 5, "serve": 5, "demos": 5,
     "pipeline": 6, "scale": 6,
     "cli": 7, "recipes": 7,
     "__init__": 8, "__main__": 8,

@@ -28,20 +28,28 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from agentax.agents import Agent
+from agentax.agents import CompactWebAgent, compact_view
+from agentax.agents import page_controls as _controls
 from agentax.envs import (
     BROWSER_ACTION_HELP,
-    BrowserAction,
     BrowserEnvironment,
     MiniWoBSite,
     miniwob_task,
-    parse_browser_action,
     shutdown_browser,
 )
-from agentax.records import Action, Message, Observation, Task
+from agentax.records import Message, Task
 
-__all__ = ["CompactWebAgent", "TINY_WEB_TASKS", "WEB_TASKS", "compact_view", "demos", "make_agent", "make_env",
-           "scripted_target", "tasks"]
+__all__ = [
+    "TINY_WEB_TASKS",
+    "WEB_TASKS",
+    "CompactWebAgent",
+    "compact_view",
+    "demos",
+    "make_agent",
+    "make_env",
+    "scripted_target",
+    "tasks",
+]
 
 WEB_TASKS = ("click-tab", "focus-text-2", "click-dialog-2", "click-button")
 """The MiniWoB++ pages a real checkpoint trains on (one click solves each)."""
@@ -50,35 +58,10 @@ TINY_WEB_TASKS = ("click-tab", "focus-text-2", "click-dialog-2")
 """The pages the tiny byte-level model trains on (`agentax train web`): `WEB_TASKS` less
 click-button."""
 
-_CONTROL = re.compile(r'^\[(\d+)\] (\w+)(?: (?!")\S+)?(?: "([^"]*)")?')
 _ORDINAL = re.compile(r"(\d+)(?:st|nd|rd|th)\b")
 
 SYSTEM_PROMPT = ("You act on a web page shown as text; controls are listed as [id] kind \"name\". "
                  "Do what the first line asks. " + BROWSER_ACTION_HELP)
-
-
-def _controls(text: str) -> list[tuple[int, str, str]]:
-    """(id, kind, name) of each control line of a full text view."""
-    out = []
-    for line in text.splitlines():
-        m = _CONTROL.match(line)
-        if m:
-            out.append((int(m.group(1)), m.group(2), m.group(3) or ""))
-    return out
-
-
-def compact_view(text: str) -> str:
-    """The instruction line (and any feedback line before it), then `id name` per control."""
-    lines = text.splitlines()
-    head = []
-    for line in lines:
-        if line.startswith("["):
-            break
-        head.append(line)
-        if not (line.startswith("Invalid action") or " failed: " in line):
-            break
-    body = [f"{i} {name or kind}" for i, kind, name in _controls(text)]
-    return "\n".join(head + body)
 
 
 def scripted_target(text: str) -> int | None:
@@ -96,25 +79,6 @@ def scripted_target(text: str) -> int | None:
     if want == "x":
         want = "Close"
     return next((i for i, _, name in controls if name == want), None)
-
-
-class CompactWebAgent(Agent):
-    """Shows `compact_view(observation)`; parses replies with `parse_browser_action`."""
-
-    def __init__(self, *, compact: bool = True, system_prompt: str | None = None) -> None:
-        super().__init__(system_prompt=system_prompt)
-        self.compact = compact
-
-    def format_observation(self, observation: Observation) -> list[Message]:
-        text = compact_view(observation.content) if self.compact else observation.content
-        return [Message(role="user", content=text)]
-
-    def parse_reply(self, reply: str) -> Action:
-        parsed = parse_browser_action(reply)
-        if not isinstance(parsed, BrowserAction):
-            self._count("invalid_actions")
-            return Action(text=reply)  # the environment answers with the parse error
-        return Action(text=reply, value=parsed)
 
 
 def make_env(*, max_steps: int = 2, reward: str = "success", max_obs_chars: int = 1500,

@@ -1,0 +1,103 @@
+"""`agentax.demos` on web pages in a real Chromium: on MiniWoB++ the recorder reproduces the
+web recipe's shipped demonstrations; on a local page of one's own, `click_target` records
+one-click demonstrations that the environment scores 1.0."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from agentax.demos import Demonstration, arecord, click_target, record_many
+from agentax.envs import BrowserEnvironment, BrowserUnavailableError, UrlSite, check_browser_available
+from agentax.records import Observation, Task
+from agentax.text import ByteTokenizer, render_conversation
+
+try:
+    check_browser_available()
+except BrowserUnavailableError as e:  # pragma: no cover - depends on the host
+    pytest.skip(f"browser unavailable: {e}", allow_module_level=True)
+
+
+def _tokens(convs):
+    tok = ByteTokenizer()
+    return [list(render_conversation(tok, c).token_ids) for c in convs]
+
+
+def test_miniwob_recording_reproduces_the_web_recipes_demonstrations():
+    from agentax.envs import shutdown_browser
+    from agentax.envs._miniwob import miniwob_dir
+    from agentax.recipes import web
+
+    try:
+        miniwob_dir()
+    except BrowserUnavailableError as e:  # pragma: no cover - depends on the host
+        pytest.skip(f"MiniWoB++ pages unavailable: {e}")
+    train, _ = web.tasks(num_train=6, num_eval=0, seed=0, names=web.TINY_WEB_TASKS)
+    shipped = web.demos(train, 6, seed=3, pages=6)
+    rng = random.Random(3)
+
+    def demonstrator(observation: Observation) -> str:
+        """The shipped noisy demonstrator: the right click, or a random control's (p=0.5)."""
+        from agentax.agents import page_controls
+
+        ids = [c[0] for c in page_controls(observation.content)]
+        target = web.scripted_target(observation.content)
+        if target is None or rng.random() < 0.5:
+            target = rng.choice(ids)
+        return f"click {target}"
+
+    try:
+        recorded = record_many(web.make_env, web.make_agent, train, demonstrator, max_turns=1)
+    finally:
+        import asyncio
+
+        asyncio.run(shutdown_browser())
+    assert _tokens(recorded) == _tokens(shipped)
+
+
+PAGE = """<!doctype html><html><body>
+<button onclick="document.body.dataset.clicked='Red'">Red</button>
+<button onclick="document.body.dataset.clicked='Green'">Green</button>
+<button onclick="document.body.dataset.clicked='Blue'">Blue</button>
+</body></html>"""
+
+
+class ButtonsSite(UrlSite):
+    """A page of three buttons; the instruction names one: reward 1.0 for clicking it."""
+
+    state_js = "() => document.body.dataset.clicked || null"
+
+    async def check(self, page: Any, task: Task, state: Any):
+        if state is None:
+            return 0.0, False, {}
+        return float(state == task.answer), True, {}
+
+
+def test_click_target_records_a_local_pages_demonstrations(tmp_path):
+    import asyncio
+
+    from agentax.agents import CompactWebAgent
+    from agentax.envs import shutdown_browser
+
+    page = tmp_path / "buttons.html"
+    page.write_text(PAGE)
+    tasks = [Task(id=f"b{i}", prompt=f'Click the "{color}" button.', answer=color,
+                  meta={"url": page.as_uri()}) for i, color in enumerate(["Blue", "Red", "Green"])]
+
+    async def go() -> list[Demonstration]:
+        try:
+            return [await arecord(BrowserEnvironment(sites={"url": ButtonsSite()}, max_steps=2),
+                                  CompactWebAgent(), task, click_target(lambda t: t.answer))
+                    for task in tasks]
+        finally:
+            await shutdown_browser()
+
+    demos = asyncio.run(go())
+    assert [d.reward for d in demos] == [1.0, 1.0, 1.0] and all(d.done for d in demos)
+    for demo, task in zip(demos, tasks):
+        user, assistant = demo.messages
+        assert user.content.splitlines()[0] == task.prompt  # the compact view the agent shows
+        clicked = next(ln for ln in user.content.splitlines()[1:] if ln.endswith(task.answer))
+        assert assistant.content == f"click {clicked.split()[0]}"
