@@ -3,7 +3,8 @@
 Subclass `Environment` and write `_reset` / `_step`; the base class adds step limits, per-call
 timeouts and typed failures (`EnvError`). Built-ins: `TaskEnvironment` (single turn),
 `ToolEnvironment` (tool calls -> tool results -> scored answer), `CodeEnvironment` (sandboxed
-python/bash), `SWEEnvironment` (fix a repository until its tests pass), and
+python/bash), `SWEEnvironment` (fix a repository until its tests pass), `SWEBenchEnvironment`
+(SWE-bench-format instances scored as SWE-bench does, on local repository snapshots), and
 `GymnasiumEnvironment` (any Gymnasium env, with FrozenLake and Taxi ready-made), and
 `BrowserEnvironment` (a real headless Chromium page, with MiniWoB++ and `web_tasks` sites).
 See docs/environments.md.
@@ -21,6 +22,9 @@ from agentax.envs._miniwob import MINIWOB_TASKS, MiniWoBSite, miniwob_task, mini
 from agentax.envs._process import ProcessEnvironment
 from agentax.envs._reward import compute_reward
 from agentax.envs._swe import SWE_REPOS, SWEEnvironment, swe_tasks
+from agentax.envs._swebench import (SWEBenchEnvironment, SWEScore, evaluate_in_sandbox, parse_pytest_log, score_patch,
+                                    score_patches, swebench_tasks)
+from agentax.envs._swebench_data import RepoSnapshots, SWEInstance, load_swe_instances
 from agentax.envs._task import TaskEnvironment
 from agentax.envs._tool import ToolEnvironment
 from agentax.envs._web_tasks import WebTasksSite, web_task, web_tasks
@@ -53,6 +57,16 @@ __all__ = [
     "Environment",
     "GymnasiumEnvironment",
     "SWEEnvironment",
+    "SWEBenchEnvironment",
+    "SWEInstance",
+    "SWEScore",
+    "RepoSnapshots",
+    "evaluate_in_sandbox",
+    "load_swe_instances",
+    "parse_pytest_log",
+    "score_patch",
+    "score_patches",
+    "swebench_tasks",
     "TaskEnvironment",
     "ToolEnvironment",
     "compute_reward",
