@@ -26,3 +26,8 @@ python -m pip install -q -e '.[test]'
 # The MiniWoB++ task pages for BrowserEnvironment: only the package's HTML is used, so not its
 # Selenium driver and friends.
 python -m pip install -q --no-deps "miniwob==1.1.0"
+# The swe_real recipe's repository snapshots: small pure-Python packages' sdists (with their own
+# tests), pinned as the shipped instances (src/agentax/recipes/data/swe_real.jsonl) expect.
+SDISTS=${AGENTAX_SDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentax/sdists}
+mkdir -p "$SDISTS"
+python -m pip download -q --no-deps --no-binary :all: -d "$SDISTS" inflection==0.5.1 parse==1.22.4 cachetools==8.0.2

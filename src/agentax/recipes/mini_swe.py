@@ -24,7 +24,10 @@ after the endpoint's 400 for a spent episode budget: the episode ends, truncated
 set only when unset.
 
 Reward: 1.0 when the agent submitted (exit status `Submitted`) and out.txt in the sandbox is
-then exactly right (the bash recipe's check), else 0. A reply with no command block, or two,
+then exactly right (the bash recipe's check), else 0. Tasks of `agentax.envs.swebench_tasks`
+(SWE-bench-format instances, e.g. the swe_real recipe's) run in a sandbox holding the
+instance's repository instead, and score 1.0 when SWE-bench's check finds the submitted tree
+resolved (`evaluate_in_sandbox`; repositories from `SWE_SNAPSHOTS`). A reply with no command block, or two,
 is the harness's `FormatError`: it drops the reply from its history and sends its format
 message instead, so the next request is not a continuation and the trajectory starts a new
 segment (`segment_breaks`); after 3 in a row it exits (`RepeatedFormatError`). The warm start renders demonstrations as the harness's requests
@@ -42,13 +45,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from agentax.envs import RepoSnapshots, evaluate_in_sandbox
+from agentax.envs._swebench import task_instance
 from agentax.recipes import bash as _bash
+from agentax.recipes import swe_real as _swe_real
 from agentax.recipes._tasks import PromptToolAgent
 from agentax.records import Message, Task
 from agentax.serve import OpenAIAgentEnvironment, Reward
 from agentax.tools import Sandbox, SandboxConfig
 
-__all__ = ["INSTANCE_TEMPLATE", "MAX_STEPS", "SUBMIT", "SYSTEM_TEMPLATE", "build_agent",
+__all__ = ["INSTANCE_TEMPLATE", "MAX_STEPS", "SUBMIT", "SWE_SNAPSHOTS", "SYSTEM_TEMPLATE", "build_agent",
            "demos", "make_agent", "make_env", "run_agent", "sandbox_environment", "tasks"]
 
 SYSTEM_TEMPLATE = "Reply with one mswea_bash_command block. Then submit."
@@ -142,9 +148,32 @@ def build_agent(base_url: str, api_key: str, env: Any, *, timeout_s: float | Non
                         instance_template=INSTANCE_TEMPLATE, step_limit=MAX_STEPS, cost_limit=0.0)
 
 
+SWE_SNAPSHOTS: RepoSnapshots | None = None
+"""Where SWE-bench-format tasks' repositories come from; None: `swe_real.snapshots()` (the
+sdist cache; a row's absolute `snapshot` path is used as it is)."""
+
+
+def _swe_episode(base_url: str, api_key: str, timeout_s: float | None, task: Task,
+                 loop: asyncio.AbstractEventLoop) -> float:
+    """A SWE-bench-format task (`swebench_tasks`): the repository at its base state in the
+    sandbox, the agent's run, then SWE-bench's resolved check on what it left there."""
+    inst = task_instance(task)
+    base = (SWE_SNAPSHOTS or _swe_real.snapshots()).path(inst)
+    with Sandbox(SANDBOX, workdir=base) as sandbox:
+        agent = build_agent(base_url, api_key, sandbox_environment(sandbox, loop), timeout_s=timeout_s)
+        exit_info = agent.run(task.prompt)
+        if exit_info.get("exit_status") != "Submitted":
+            return 0.0
+        score = asyncio.run_coroutine_threadsafe(evaluate_in_sandbox(sandbox, inst, base), loop)
+        return 1.0 if score.result(timeout=inst.timeout_s + 30.0).resolved else 0.0
+
+
 def _episode(base_url: str, api_key: str, timeout_s: float | None, task: Task,
              loop: asyncio.AbstractEventLoop) -> float:
-    """One episode, in a worker thread: the sandbox, the agent's run, the out.txt check."""
+    """One episode, in a worker thread: the sandbox, the agent's run, the out.txt check (or, for
+    a SWE-bench-format task, SWE-bench's check)."""
+    if "swe_instance" in task.meta:
+        return _swe_episode(base_url, api_key, timeout_s, task, loop)
     with Sandbox(SANDBOX, files=dict(task.meta.get("files", {}))) as sandbox:
         agent = build_agent(base_url, api_key, sandbox_environment(sandbox, loop), timeout_s=timeout_s)
         exit_info = agent.run(task.prompt)
