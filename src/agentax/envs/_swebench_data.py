@@ -266,7 +266,7 @@ def _is_git(src: Path) -> bool:
 def _git_checkout(src: Path, commit: str, tree: Path, iid: str) -> None:
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(src), "archive", "--format=tar", commit],
-                             capture_output=True, timeout=600)
+                             capture_output=True, timeout=600, check=False)
     if archive.returncode != 0:
         raise ValueError(f"instance {iid}: git mirror {src} has no commit {commit!r}: "
                          f"{archive.stderr.decode(errors='replace').strip()[:300]}")
@@ -308,7 +308,7 @@ def _extract(archive: Path, tree: Path, iid: str, *, strip: bool = True) -> None
 def _apply_host(tree: Path, diff: str, iid: str) -> None:
     """Applies a trusted diff (the instance file's own `snapshot_patch`) to a prepared tree."""
     r = subprocess.run(["patch", "--batch", "--forward", "-p1", "-d", str(tree)], input=diff.encode(),
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, check=False)
     if r.returncode != 0:
         raise ValueError(f"instance {iid}: snapshot_patch does not apply: {r.stdout.decode(errors='replace')[-300:]}")
 
@@ -317,7 +317,7 @@ def patch_files(diff: str) -> list[str]:
     """Paths (relative to the repository root) that a unified diff touches, in order."""
     out: list[str] = []
     for line in diff.splitlines():
-        if line.startswith("+++ ") or line.startswith("--- "):
+        if line.startswith(("+++ ", "--- ")):
             name = line[4:].split("\t")[0].strip()
             if name == "/dev/null":
                 continue

@@ -45,8 +45,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from agentax.envs import RepoSnapshots, evaluate_in_sandbox
-from agentax.envs._swebench import task_instance
+from agentax.envs import RepoSnapshots, SWEInstance, evaluate_in_sandbox
 from agentax.recipes import bash as _bash
 from agentax.recipes import swe_real as _swe_real
 from agentax.recipes._tasks import PromptToolAgent
@@ -157,7 +156,7 @@ def _swe_episode(base_url: str, api_key: str, timeout_s: float | None, task: Tas
                  loop: asyncio.AbstractEventLoop) -> float:
     """A SWE-bench-format task (`swebench_tasks`): the repository at its base state in the
     sandbox, the agent's run, then SWE-bench's resolved check on what it left there."""
-    inst = task_instance(task)
+    inst = SWEInstance.from_row(task.meta["swe_instance"], where=f"task {task.id}")
     base = (SWE_SNAPSHOTS or _swe_real.snapshots()).path(inst)
     with Sandbox(SANDBOX, workdir=base) as sandbox:
         agent = build_agent(base_url, api_key, sandbox_environment(sandbox, loop), timeout_s=timeout_s)
