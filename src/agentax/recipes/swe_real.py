@@ -81,19 +81,25 @@ def make_env(**kwargs: Any) -> SWEBenchEnvironment:
     return SWEBenchEnvironment(snapshots=snapshots(), **kwargs)
 
 
-def make_agent(*, list_tools: bool = False, system_prompt: str = "") -> CompactSWEAgent:
-    """The built-in `SWEAgent` (optionally without the tool list in the prompt: bytes are tokens)."""
+def make_agent(*, list_tools: bool = False, system_prompt: str | None = "") -> CompactSWEAgent:
+    """The built-in `SWEAgent` (optionally without the tool list in the prompt: bytes are tokens;
+    `system_prompt` None keeps `SWEAgent`'s workflow prompt)."""
     return CompactSWEAgent(list_tools=list_tools, system_prompt=system_prompt)
 
 
-def tasks(*, num_train: int, num_eval: int, seed: int) -> tuple[list[Task], list[Task]]:
-    """The shipped instances as issue prompts; a seeded shuffle, the first `num_eval` held out."""
+def tasks(*, num_train: int, num_eval: int, seed: int,
+          instructions: bool = False) -> tuple[list[Task], list[Task]]:
+    """The shipped instances as issue prompts; a seeded shuffle, the first `num_eval` held out.
+
+    `instructions`: put `swebench_tasks`' instructions before the issue (a real checkpoint reads
+    them; for the byte-level model every byte is a token)."""
     insts = instances()
     random.Random(seed).shuffle(insts)
     evals, train = insts[:num_eval], insts[num_eval:]
     if num_train:
         train = train[:num_train]
-    return swebench_tasks(train, instructions=""), swebench_tasks(evals, instructions="")
+    kw = {} if instructions else {"instructions": ""}
+    return swebench_tasks(train, **kw), swebench_tasks(evals, **kw)
 
 
 def _fix(inst: SWEInstance) -> tuple[str, str, str]:
