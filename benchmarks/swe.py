@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from agentax.envs import RepoSnapshots, load_swe_instances, score_patches
-from agentax.recipes import swe_real
+from agentax.envs import RepoSnapshots, load_swe_instances, score_patches  # noqa: E402
+from agentax.recipes import swe_real  # noqa: E402
 
 
 def _workload(n: int | None):

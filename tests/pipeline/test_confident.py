@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pytest
 
 from agentax.pipeline import Pipeline, PipelineConfig
 from agentax.pipeline._confident import DropReport, TaskRest
