@@ -126,7 +126,7 @@ def recipe_budget(name: str, preset: str) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from agentax.cli._config import load_config
+    from agentax.run._config import load_config
     from agentax.models import ModelConfig, Transformer, kv_cache_bytes
     from agentax.recipes import recipe_path
     from agentax.train import update_memory

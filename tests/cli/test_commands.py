@@ -83,8 +83,8 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     out_dir = tmp_path / "hf"
     status, out, err = _run(["export", str(run), str(out_dir)], capsys)
     assert status == 0, err
-    from agentax.cli._build import load_run_model
-    from agentax.cli._rundir import run_config
+    from agentax.run._build import load_run_model
+    from agentax.run._rundir import run_config
     from agentax.models import load_pretrained
 
     loaded = load_pretrained(out_dir)

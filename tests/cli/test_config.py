@@ -83,7 +83,7 @@ def test_invalid_combinations_give_reason_and_fix(overrides, reason, fix):
 
 
 def test_sft_schedule_reaches_the_trainer():
-    from agentax.cli._runner import sft_trainer_config
+    from agentax.run._sft import sft_trainer_config
 
     demo = sft_trainer_config(load_config(None, []))
     assert demo.decay_steps == 0 and demo.warmup_steps == 10  # the demo: constant after warmup
@@ -223,7 +223,7 @@ def task_file(tmp_path):
     ("tasks.factory=agentax.recipes.calculator:demos", "tasks.factory"),
 ])
 def test_bad_user_code_fails_in_one_line_before_any_model(override, needle, task_file):
-    from agentax.cli._build import build_suite_for
+    from agentax.run._build import build_suite_for
 
     own = ["agent.factory=agentax.agents:ModelAgent", "tasks.factory=null",
            f"tasks.train_file={task_file}", "tasks.num_eval=1", "sft.steps=0"]
@@ -235,7 +235,7 @@ def test_bad_user_code_fails_in_one_line_before_any_model(override, needle, task
 def test_tasks_from_jsonl_and_parquet(tmp_path):
     import json
 
-    from agentax.cli._build import build_suite_for
+    from agentax.run._build import build_suite_for
 
     rows = [{"question": f"q{i}", "answer": f"x\n#### {i}", "level": i % 2} for i in range(6)]
     path = tmp_path / "t.jsonl"

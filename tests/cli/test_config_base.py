@@ -105,7 +105,7 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path, monkeypatch):
 
 
 def test_a_run_directory_config_keeps_its_paths(tmp_path, monkeypatch):
-    from agentax.cli._rundir import run_config, write_config
+    from agentax.run._rundir import run_config, write_config
 
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, ["sft.data=data/demos.jsonl", f"run.runs_dir={tmp_path}"])

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from agentax.cli import load_config
-from agentax.cli._runner import run_train
+from agentax.run import train
 
 
 @pytest.mark.slow
@@ -21,8 +21,8 @@ def test_shortened_demo_improves_held_out_success(tmp_path):
     cfg = load_config(None, [f"run.runs_dir={tmp_path}", "run.name=demo", "run.steps=16",
                              "tasks.num_eval=48", "tracing.console=false"])
     (tmp_path / "demo").mkdir()
-    summary = run_train(cfg, tmp_path / "demo", quiet=True)
-    before, after = summary["eval_before"], summary["eval_after"]
+    result = train(cfg, tmp_path / "demo", quiet=True)
+    before, after = result.eval_before, result.eval_after
     # The warm start estimates most +/- answers in its head (never rewarded), greedy included;
     # RL learns to call the calculator on them.
     assert after["eval/sampled/success"] > before["eval/sampled/success"] + 0.1
@@ -30,4 +30,4 @@ def test_shortened_demo_improves_held_out_success(tmp_path):
     assert after["eval/greedy/tool_use"] > before["eval/greedy/tool_use"]
     assert after["eval/sampled/tool_use"] > before["eval/sampled/tool_use"]
     saved = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    assert saved["rl_steps"] == 16 and (tmp_path / "demo" / "curves.png").stat().st_size > 0
+    assert saved["rl_steps"] == 16 == result.steps and (tmp_path / "demo" / "curves.png").stat().st_size > 0

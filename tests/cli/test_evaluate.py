@@ -8,7 +8,7 @@ import types
 
 from agentax.agents import ModelAgent
 from agentax.agents.testing import ScriptedEngine
-from agentax.cli._evaluate import evaluate
+from agentax.run._evaluate import evaluate
 from agentax.envs import Environment
 from agentax.records import Observation, SamplingParams, StepResult, Task
 from agentax.rollout import CollectorConfig
@@ -46,7 +46,7 @@ def test_the_eval_line_counts_episodes_cut_by_the_collector_limits():
 
 
 def test_a_metric_an_episode_does_not_report_counts_as_absent_not_as_present():
-    from agentax.cli._evaluate import aggregate
+    from agentax.run._evaluate import aggregate
 
     # `hole` is reported only by the episode that fell in one: a rate of 1/4, not 1.0.
     episodes = [{"success": 1.0, "moves": 4.0}, {"success": 0.0, "hole": 1.0, "moves": 2.0},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentax.cli import load_config
-from agentax.cli._build import build_suite_for, resolve_config
+from agentax.run._build import build_suite_for, resolve_config
 from agentax.records import Message
 
 

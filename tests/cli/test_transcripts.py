@@ -12,7 +12,7 @@ import pytest
 
 from agentax.cli import main
 from agentax.cli._show import parse_steps, printable
-from agentax.cli._transcripts import Transcripts, _chosen, read_transcripts
+from agentax.run._transcripts import Transcripts, _chosen, read_transcripts
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from tests.cli.test_commands import TINY
 

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from agentax.cli._console import ConsoleView
-from agentax.cli._plots import render_timeline_png
+from agentax.run._console import ConsoleView
+from agentax.run._plots import render_timeline_png
 from agentax.trace import MetricsLogger, Tracer, names
 from agentax.trace.doctor import analyze
 
@@ -47,7 +47,7 @@ def test_timeline_png_of_a_traced_run(tmp_path):
 
 def test_console_view_prints_plain_lines_when_not_a_terminal(monkeypatch):
     # A log file, CI or nohup: one plain line per step (throttled), the last always.
-    from agentax.cli import _console
+    from agentax.run import _console
 
     buf = io.StringIO()
     view = ConsoleView(total_steps=5, keys=("success", "reward"), description="rl",
@@ -73,7 +73,7 @@ def test_console_view_on_a_terminal_keeps_the_live_bar():
 
 
 def test_curves_show_the_sft_loss_beside_the_rl_rates(tmp_path):
-    from agentax.cli._plots import plot_curves
+    from agentax.run._plots import plot_curves
     from matplotlib import image
 
     rl = [{"phase": "rl", "step": s, "success": s / 4} for s in range(1, 5)]
@@ -86,7 +86,7 @@ def test_curves_show_the_sft_loss_beside_the_rl_rates(tmp_path):
 def test_curves_leave_a_gap_where_a_step_did_not_report_a_metric(tmp_path):
     import math
 
-    from agentax.cli._plots import plot_curves, series
+    from agentax.run._plots import plot_curves, series
 
     rows = [{"phase": "rl", "step": s, "success": 0.5, **({"hole": 0.25} if s in (1, 4) else {})}
             for s in range(1, 5)]
@@ -101,7 +101,8 @@ def test_every_cli_warning_prints_in_one_format(capsys):
     from pathlib import Path
 
     import agentax.cli
-    from agentax.cli._console import log_lines, print_warning
+    import agentax.run
+    from agentax.run._console import log_lines, print_warning
 
     # The library's log warnings (a root handler set up by an imported library printed them as
     # `WARNING:agentax.rollout._collector:...`) and the CLI's own, quiet (-q) or not.
@@ -114,6 +115,7 @@ def test_every_cli_warning_prints_in_one_format(capsys):
         "warning: 3 episodes cut", "warning: no RL step for a while; pipeline.filters=[]"]
     assert buf.getvalue() == "warning: resumed [x]\n"
     assert logging.getLogger("agentax").propagate  # restored after the command
-    for path in Path(agentax.cli.__file__).parent.glob("*.py"):
+    for path in [*Path(agentax.cli.__file__).parent.glob("*.py"),
+                 *Path(agentax.run.__file__).parent.glob("*.py")]:
         if path.name != "_console.py":  # the one place that formats them
             assert "[yellow]warning" not in path.read_text(), path

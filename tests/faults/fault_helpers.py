@@ -171,7 +171,7 @@ def make_run_dir(path: Path) -> Path:
     from flax import nnx
 
     from agentax.cli import RunConfig
-    from agentax.cli._rundir import RunCheckpointer, write_config
+    from agentax.run._rundir import RunCheckpointer, write_config
     from agentax.models import Transformer
     from agentax.train import RLTrainer
 

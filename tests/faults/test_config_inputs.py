@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentax.cli import _yaml as cli_yaml
+from agentax.run import _yaml as cli_yaml
 from agentax.cli import load_config
 from agentax.config import ConfigError
 from agentax.recipes import load_demos_jsonl, load_tasks

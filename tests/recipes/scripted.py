@@ -7,7 +7,7 @@ import asyncio
 
 from agentax.agents.testing import ScriptedEngine
 from agentax.cli import load_config
-from agentax.cli._build import build_suite_for
+from agentax.run._build import build_suite_for
 from agentax.recipes import recipe_path
 from agentax.records import SamplingParams
 from agentax.rollout import Collector, CollectorConfig

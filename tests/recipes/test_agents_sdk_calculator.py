@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("agents")
 
 from agentax.cli import load_config, main  # noqa: E402
-from agentax.cli._build import build_suite_for  # noqa: E402
+from agentax.run._build import build_suite_for  # noqa: E402
 from agentax.recipes import recipe_path, render_examples  # noqa: E402
 from agentax.records import TrajectoryStatus  # noqa: E402
 from agentax.text import ByteTokenizer, format_tool_call  # noqa: E402

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agentax.cli import load_config
-from agentax.cli._build import build_suite_for
+from agentax.run._build import build_suite_for
 from agentax.recipes import calculator_demos, calculator_reward, calculator_tasks, render_examples
 from agentax.recipes._calculator import compact_calculator
 from agentax.recipes._render import _fast, _fast_headers

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("mcp")
 
 from agentax.cli import load_config, main  # noqa: E402
-from agentax.cli._build import build_suite_for  # noqa: E402
+from agentax.run._build import build_suite_for  # noqa: E402
 from agentax.recipes import recipe_path  # noqa: E402
 from agentax.recipes import mcp_tools as recipe  # noqa: E402
 from agentax.recipes._mcp_server import secret_code  # noqa: E402

@@ -21,7 +21,7 @@ os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")  # no banner on stdout at imp
 pytest.importorskip("minisweagent")
 
 from agentax.cli import load_config  # noqa: E402
-from agentax.cli._build import build_suite_for  # noqa: E402
+from agentax.run._build import build_suite_for  # noqa: E402
 from agentax.recipes import bash, mini_swe, recipe_path, render_examples  # noqa: E402
 from agentax.records import TrajectoryStatus  # noqa: E402
 from agentax.text import ByteTokenizer  # noqa: E402

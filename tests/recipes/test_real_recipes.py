@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentax.cli import dump_config, load_config, main
-from agentax.cli._build import resolve_config
+from agentax.run._build import resolve_config
 from agentax.recipes import RECIPES, load_tasks, recipe_path
 from agentax.trace import TRACE_FILENAME, names, read_trace
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from agentax.cli import load_config
-from agentax.cli._build import build_suite_for
+from agentax.run._build import build_suite_for
 from agentax.recipes import RECIPES, recipe_path
 from agentax.records import Action
 from agentax.tools import SandboxUnavailableError, check_sandbox_available

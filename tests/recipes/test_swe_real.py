@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentax.cli import load_config, main
-from agentax.cli._build import build_suite_for
+from agentax.run._build import build_suite_for
 from agentax.envs import RepoSnapshots, load_swe_instances, swebench_tasks
 from agentax.recipes import recipe_path, swe_real
 from agentax.records import Action, ToolCall

@@ -280,19 +280,21 @@ def test_loading_places_each_tensor_straight_into_its_sharding(tmp_path):
 
 CLI_SCRIPT = textwrap.dedent("""
     import json, sys, jax
-    import agentax.cli._runner as runner
+    import agentax.run._rl as rl_phase
+    import agentax.run._sft as sft_phase
     from agentax.cli import main
     from tests.cli.test_commands import TINY
     seen = {}
-    warm_start, rl = runner.warm_start, runner._rl
+    sft_run, rl_run = sft_phase.SFTPhase.run, rl_phase.RLPhase.run
 
-    def spy_warm_start(*args, **kwargs):
-        trainer, last = warm_start(*args, **kwargs)
+    def spy_sft_run(self, model):
+        trainer = sft_run(self, model)
         seen["sft"] = trainer
         seen["sft_optimizer"] = jax.tree.leaves((trainer._opt_state, trainer._acc))
-        return trainer, last
+        return trainer
 
-    def spy_rl(cfg, rep, trainer, engine, *args, **kwargs):
+    def spy_rl(self):
+        trainer, engine = self.trainer, self.engine
         tree = (trainer._params, trainer._rest, trainer._opt_state, trainer._acc)
         seen["state"] = sum(x.nbytes for x in jax.tree.leaves(tree))
         seen["live"] = sum(x.nbytes for x in jax.live_arrays())
@@ -300,9 +302,9 @@ CLI_SCRIPT = textwrap.dedent("""
         seen["cache"] = engine._runner.kv_cache_bytes
         q = trainer._params["model"]["layers"][0]["attn"]["q_proj"]["kernel"][...]
         seen["rl_devices"] = len(q.sharding.device_set)
-        return rl(cfg, rep, trainer, engine, *args, **kwargs)
+        return rl_run(self)
 
-    runner.warm_start, runner._rl = spy_warm_start, spy_rl
+    sft_phase.SFTPhase.run, rl_phase.RLPhase.run = spy_sft_run, spy_rl
     status = main(["train", *TINY, f"run.runs_dir={sys.argv[1]}", "run.name=mesh",
                    "trainer.mesh.fsdp=2", "tracing.plots=false", "tracing.doctor=false"])
     sft = seen.pop("sft")

@@ -1,13 +1,13 @@
-"""agentax.cli: the `agentax` command and the typed run configuration behind it.
+"""agentax.cli: the `agentax` command, argument parsing over `agentax.run`.
 
-* `main(argv)` — `agentax train | sft | eval | show | doctor | export | serve | config`.
-* `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
-  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own
-  configs), `load_config(path, overrides)`, `parse_overrides`, `dump_config`.
+* `main(argv)` — `agentax train | sft | eval | show | doctor | export | serve | config`;
+  `train`, `sft` and `eval` call `agentax.run.train`, `sft` and `evaluate`.
+* `RunConfig`, its sections, `load_config`, `parse_overrides`, `dump_config` — re-exported
+  from `agentax.run`, where they live.
 * `config_reference()` — the Markdown of docs/config.md, generated from the dataclasses.
 """
 
-from agentax.cli._config import (
+from agentax.run import (
     AgentConfig,
     EnvConfig,
     EvalConfig,

@@ -15,7 +15,7 @@ import textwrap
 import typing
 from typing import Any
 
-from agentax.cli._config import RunConfig
+from agentax.run import RunConfig
 
 __all__ = ["config_reference", "field_docs"]
 

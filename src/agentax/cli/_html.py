@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentax.cli._rundir import DOCTOR_REPORT
+from agentax.run import DOCTOR_REPORT
 from agentax.cli._show import conversation, format_header
 
 __all__ = ["page", "write_page"]

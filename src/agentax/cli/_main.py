@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
@@ -37,7 +36,7 @@ def _resolve_source(config: str | None, *, allow_run_dir: bool):
 
     A run directory where none is resumed (`sft`, `config`) stands for its config.yaml.
     """
-    from agentax.cli._rundir import is_run_dir
+    from agentax.run import is_run_dir
     from agentax.recipes import RECIPES, recipe_path
 
     if config is None:
@@ -62,9 +61,7 @@ def _file_relative(config: str | None) -> bool | None:
 
 
 def _load(args: argparse.Namespace, command: str):
-    from agentax.cli._build import resolve_config
-    from agentax.cli._config import load_config
-    from agentax.cli._rundir import is_run_dir, run_config
+    from agentax.run import is_run_dir, load_config, resolve_config, run_config
 
     config, overrides = _split(args.args)
     path, resume_dir = _resolve_source(config, allow_run_dir=(command in ("train", "eval")))
@@ -79,11 +76,8 @@ def _load(args: argparse.Namespace, command: str):
 
 
 def _cmd_train(args) -> int:
-    from agentax.cli._rundir import make_run_dir, remove_failed_start
-    from agentax.cli._runner import run_train
-
-    from agentax.cli._signals import Interrupted
-    from agentax.train import broadcast_from_main, initialize_distributed, is_main_process
+    from agentax.run import train
+    from agentax.train import initialize_distributed, is_main_process
 
     # Several processes (flags, JAX_COORDINATOR_ADDRESS, or srun): joined before anything
     # touches a device. Process 0 names the run directory; every process uses it.
@@ -92,63 +86,30 @@ def _cmd_train(args) -> int:
     main_process = is_main_process() if several else True
     results_out = _stdout_for_results() if several else None
     cfg, resume_dir = _load(args, "train")
-    run_dir = resume_dir or Path(broadcast_from_main(
-        str(make_run_dir(cfg, "train")) if main_process else None))
-    try:
-        summary = run_train(cfg, run_dir, resume=resume_dir is not None, quiet=args.quiet)
-    except (*_USER_ERRORS, OSError):  # bad input or no disk space: nothing worth keeping
-        if resume_dir is None and main_process:
-            remove_failed_start(run_dir)
-        raise
-    except Interrupted as e:
-        if e.message:
-            raise
-        raise Interrupted(e.signum, f"{e} before the RL loop (nothing new saved); "
-                          f"`agentax train {run_dir}` continues from its newest checkpoint, "
-                          "or starts over if it has none") from None
+    result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
     if main_process:
-        _print_summary(summary, file=results_out)
+        _print_summary(dict(result.summary), file=results_out)
     return 0
 
 
 def _cmd_sft(args) -> int:
-    from agentax.cli._rundir import make_run_dir
-    from agentax.cli._runner import run_sft
+    from agentax.run import sft
 
     cfg, _ = _load(args, "sft")
-    run_dir = make_run_dir(cfg, "sft")
-    with _failed_start_removed(run_dir):
-        run_sft(cfg, run_dir, quiet=args.quiet)
+    sft(cfg, quiet=args.quiet)
     return 0
 
 
 def _cmd_eval(args) -> int:
-    from agentax.cli._build import load_run_model
-    from agentax.cli._rundir import make_run_dir
-    from agentax.cli._runner import run_eval
+    from agentax.run import evaluate, load_run_model
 
     cfg, source_run = _load(args, "eval")
     model = load_run_model(source_run, cfg) if source_run is not None else None
     if source_run is not None:
         cfg = _fresh_name(cfg)
-    run_dir = make_run_dir(cfg, "eval")
-    with _failed_start_removed(run_dir):
-        summary = run_eval(cfg, run_dir, model=model, quiet=args.quiet)
-    _print_summary(summary)
+    result = evaluate(cfg, model=model, quiet=args.quiet)
+    _print_summary(dict(result.summary))
     return 0
-
-
-@contextlib.contextmanager
-def _failed_start_removed(run_dir: Path):
-    """A fresh run directory whose command fails on bad input or a full disk before it logged
-    or saved anything is removed: a failed start leaves no folder behind (as `_cmd_train`)."""
-    from agentax.cli._rundir import remove_failed_start
-
-    try:
-        yield
-    except (*_USER_ERRORS, OSError):
-        remove_failed_start(run_dir)
-        raise
 
 
 def _fresh_name(cfg):
@@ -158,7 +119,7 @@ def _fresh_name(cfg):
 
 
 def _cmd_doctor(args) -> int:
-    from agentax.cli._plots import render_timeline_png
+    from agentax.run import render_timeline_png
     from agentax.trace import doctor
 
     if not os.path.isdir(args.run_dir):
@@ -172,7 +133,7 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from agentax.cli._build import build_tokenizer, load_run_model
+    from agentax.run import build_tokenizer, load_run_model
     from agentax.models import save_pretrained
 
     out = Path(args.out)
@@ -190,7 +151,7 @@ def _cmd_export(args) -> int:
 
 
 def _run_dir_config(run_dir: str):
-    from agentax.cli._rundir import is_run_dir, run_config
+    from agentax.run import is_run_dir, run_config
 
     if not is_run_dir(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {CONFIG_FILENAME}); "
@@ -211,7 +172,7 @@ def _copy_tokenizer(cfg, out: Path) -> None:
 
 
 def _cmd_config(args) -> int:
-    from agentax.cli._config import dump_config, load_config
+    from agentax.run import dump_config, load_config
     from agentax.recipes import RECIPES
 
     if args.recipes:
@@ -323,7 +284,7 @@ _USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, NotADirectoryEr
 
 def _explains_itself(error: Exception) -> bool:
     """Run failures whose message names the cause and the knob (exit 1, no type name)."""
-    from agentax.cli._startup import StartupHang
+    from agentax.run import StartupHang
 
     if isinstance(error, StartupHang):
         return True
@@ -346,8 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for bad input (config, files, paths), 1 for anything else, 128 + N after signal N (130
     Ctrl-C, 143 SIGTERM). `--debug` prints the traceback instead.
     """
-    from agentax.cli._console import log_lines
-    from agentax.cli._signals import Interrupted, received
+    from agentax.run._console import log_lines
+    from agentax.run._signals import Interrupted, received
 
     args = _parse(argv)
     previous = _install_interrupt_handlers()
@@ -405,7 +366,7 @@ def _install_interrupt_handlers() -> dict:
     `agentax train` installs its own around the run (`StopGuard`). Returns the previous ones."""
     import threading
 
-    from agentax.cli._signals import _received, interrupt
+    from agentax.run._signals import _received, interrupt
 
     _received.clear()  # main() may run more than once in a process (tests, notebooks)
     if threading.current_thread() is not threading.main_thread():

@@ -19,8 +19,8 @@ def load_for_serving(source: str, *, max_seq_len: int | None = None, max_slots: 
     Raises:
       FileNotFoundError / ValueError: the source is neither, or has no weights or tokenizer.
     """
-    from agentax.cli._build import build_engine, build_tokenizer, load_run_model, resolve_config
-    from agentax.cli._rundir import is_run_dir, run_config
+    from agentax.run import (build_engine, build_tokenizer, is_run_dir, load_run_model,
+                             resolve_config, run_config)
     from agentax.config import replace
     from agentax.engine import Engine, EngineConfig
     from agentax.models import load_pretrained
@@ -80,7 +80,7 @@ def serve(source: str, *, host: str = "127.0.0.1", port: int = 8000, max_seq_len
     `server_shutting_down`; then it exits 128 + N (130 SIGINT, 143 SIGTERM), through
     `Interrupted`. A second signal ends the drain at once.
     """
-    from agentax.cli._signals import Interrupted, hard_exit, interrupted_by
+    from agentax.run._signals import Interrupted, hard_exit, interrupted_by
     from agentax.serve import ChatServer
 
     if not drain_s >= 0:

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentax.cli._rundir import is_run_dir
-from agentax.cli._transcripts import read_transcripts
+from agentax.run import is_run_dir, read_transcripts
 from agentax.trace import CONFIG_FILENAME
 
 __all__ = ["Filters", "add_parser", "conversation", "format_header", "parse_steps", "printable",

@@ -15,8 +15,8 @@ from typing import Any
 
 from flax import nnx
 
-from agentax.cli._config import DEMO_MODEL, RunConfig
-from agentax.cli._startup import StartupHang, call_bounded, close_bounded
+from agentax.run._config import DEMO_MODEL, RunConfig
+from agentax.run._startup import StartupHang, call_bounded, close_bounded
 from agentax.config import ConfigError, replace
 from agentax.engine import Engine, enable_compilation_cache
 from agentax.models import ModelConfig, Transformer, load_pretrained, read_hf_config
@@ -45,7 +45,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         if cfg.init.dtype is not None:
             source = dataclasses.replace(source, dtype=cfg.init.dtype)
     elif cfg.init.from_run is not None:
-        from agentax.cli._rundir import run_config
+        from agentax.run._rundir import run_config
 
         source, where = run_config(cfg.init.from_run).model, f"init.from_run={cfg.init.from_run}"
     if source is None:
@@ -60,7 +60,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
 def build_tokenizer(cfg: RunConfig) -> Any:
     source = cfg.init.tokenizer_source
     if cfg.init.from_run is not None and not cfg.init.tokenizer:
-        from agentax.cli._rundir import run_config
+        from agentax.run._rundir import run_config
 
         source = run_config(cfg.init.from_run).init.tokenizer_source
     return load_tokenizer(source)
@@ -68,7 +68,7 @@ def build_tokenizer(cfg: RunConfig) -> Any:
 
 def latest_checkpoint(run_dir: str | Path) -> tuple[Path, str] | None:
     """(checkpoints dir, trainer kind 'rl' | 'sft') of a run's newest checkpoint, or None."""
-    from agentax.cli._rundir import CHECKPOINT_DIR
+    from agentax.run._rundir import CHECKPOINT_DIR
     from agentax.train import latest_checkpoint_step, read_checkpoint_meta
 
     ckpt = Path(run_dir) / CHECKPOINT_DIR
@@ -122,7 +122,7 @@ def build_model(cfg: RunConfig) -> Transformer:
     if cfg.init.model_path is not None:
         return load_pretrained(cfg.init.model_path, dtype=cfg.init.dtype)
     if cfg.init.from_run is not None:
-        from agentax.cli._rundir import run_config
+        from agentax.run._rundir import run_config
 
         return load_run_model(cfg.init.from_run, run_config(cfg.init.from_run))
     return Transformer(cfg.model, rngs=nnx.Rngs(cfg.run.seed))
@@ -152,7 +152,7 @@ def _factory(path: str, kwargs: Any, field: str, check: Callable[[Any], str | No
              timeout_s: float):
     """A zero-argument factory for `path(**kwargs)`, called once here (within `timeout_s`) and
     type-checked."""
-    from agentax.cli._imports import resolve_callable
+    from agentax.run._imports import resolve_callable
 
     fn = resolve_callable(path, field=f"{field}.factory")
     kwargs = dict(kwargs)
@@ -220,7 +220,7 @@ def _task_list(value: Any, what: str) -> tuple[Task, ...]:
 
 
 def _load_tasks(cfg: RunConfig) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
-    from agentax.cli._imports import resolve_callable
+    from agentax.run._imports import resolve_callable
     from agentax.recipes import load_tasks
 
     t = cfg.tasks
@@ -259,7 +259,7 @@ def _load_tasks(cfg: RunConfig) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
 
 
 def _reward(name: str) -> Callable[..., Any] | None:
-    from agentax.cli._imports import is_import_path, resolve_callable
+    from agentax.run._imports import is_import_path, resolve_callable
     from agentax.rewards import get_reward
 
     if not name:
@@ -278,7 +278,7 @@ def build_suite_for(cfg: RunConfig) -> TaskSuite:
     Raises:
       ConfigError: a path does not resolve, a factory fails or returns the wrong type.
     """
-    from agentax.cli._imports import resolve_callable
+    from agentax.run._imports import resolve_callable
     from agentax.recipes import load_demos_jsonl
 
     limit = cfg.run.startup_timeout_s

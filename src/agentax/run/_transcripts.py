@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from agentax.cli._evaluate import EvalResult, episode_metrics
+from agentax.run._evaluate import EvalResult, episode_metrics
 from agentax.records import Action, Group, Trajectory, Turn
 
 __all__ = ["TRANSCRIPTS_FILENAME", "Transcripts", "episode_record", "read_transcripts"]

@@ -4,7 +4,7 @@ A run is described by one frozen dataclass whose sections reuse the library's ow
 (`ModelConfig`, `EngineConfig`, `SamplingParams`, `CollectorConfig`, `TrainerConfig`,
 `PipelineConfig`) plus a few small sections defined here (run, init, env, agent, tasks, sft,
 eval, tracing). The environment, agent, tasks, demonstrations and reward are named by import
-path ('package.module:callable'), so any user code plugs in; see agentax.cli._imports. The RL algorithm (advantage estimator, policy loss, clipping, KL, off-policy
+path ('package.module:callable'), so any user code plugs in; see agentax.run._imports. The RL algorithm (advantage estimator, policy loss, clipping, KL, off-policy
 correction) lives in `trainer`, next to the step that uses it, so it has one source of truth.
 
 Precedence: the defaults (the embedded CPU demo) < a YAML file < `section.field=value`
@@ -33,7 +33,7 @@ from agentax.pipeline import PipelineConfig
 from agentax.records import SamplingParams
 from agentax.rollout import CollectorConfig
 from agentax.train import TrainerConfig
-from agentax.cli._yaml import (
+from agentax.run._yaml import (
     _short,
     base_path,
     paths_relative_to_file,
@@ -115,7 +115,7 @@ DEMO_TASKS = "agentax.recipes.calculator:tasks"
 DEMO_DEMOS = "agentax.recipes.calculator:demos"
 
 def _check_path(field: str, value: str | None) -> None:
-    from agentax.cli._imports import is_import_path
+    from agentax.run._imports import is_import_path
 
     if value and not is_import_path(value):
         raise ConfigError(f"{field}={value!r} must name a callable as 'package.module:function' "
@@ -570,7 +570,7 @@ def _given(data: Mapping[str, Any], section: str, key: str) -> bool:
 
 def _build(merged: dict[str, Any], given: Sequence[Mapping[str, Any]], source: str) -> RunConfig:
     """Imports run.imports, derives the seeds not given explicitly, builds and validates."""
-    from agentax.cli._imports import import_modules
+    from agentax.run._imports import import_modules
 
     run = merged.get("run", {})
     import_modules(run.get("imports") if isinstance(run, Mapping) else None)

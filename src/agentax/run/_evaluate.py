@@ -20,7 +20,8 @@ from typing import Any
 from agentax.records import SamplingParams, Task, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector, CollectorConfig, cut_short, episode_seed
 
-__all__ = ["CORE_METRICS", "EvalResult", "aggregate", "episode_metrics", "evaluate", "task_metric_names"]
+__all__ = ["CORE_METRICS", "EvalResult", "aggregate", "episode_metrics", "evaluate", "evaluate_config",
+           "task_metric_names"]
 
 CORE_METRICS = ("success", "reward", "turns", "parse_errors")
 """Per-episode numbers every task has; the environment's own come after them."""
@@ -159,3 +160,15 @@ async def evaluate(
             policy_version=version, seconds=time.perf_counter() - t0,
             examples=tuple(trajs[:keep])))
     return results
+
+
+async def evaluate_config(cfg, engine, tokenizer, suite, *, greedy=None, samples=None,
+                          split: bool = True) -> list[EvalResult]:
+    """`evaluate` on the suite's held-out tasks, as the run config's `eval` section says
+    (`greedy` and `samples` override it)."""
+    e = cfg.eval
+    return await evaluate(
+        engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
+        collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
+        samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
+        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split)

@@ -1,6 +1,6 @@
 """Reading config files: strict YAML (duplicate keys and alias expansion bounded), errors that
 name the file and line, and what a file's paths and `base:` refer to. Knows nothing of the
-RunConfig schema (agentax.cli._config builds and checks that)."""
+RunConfig schema (agentax.run._config builds and checks that)."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def paths_relative_to_file(path: str) -> bool:
 
 def resolve_paths(data: Mapping[str, Any], folder: str) -> dict[str, Any]:
     """`data` with the relative FILE_PATH_FIELDS joined onto `folder` (made absolute)."""
-    from agentax.cli._imports import is_import_path
+    from agentax.run._imports import is_import_path
 
     out = dict(data)
     for section, key in FILE_PATH_FIELDS:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentax.cli._config import RunConfig, dump_config, load_config
-from agentax.cli._console import warn_line
+from agentax.run._config import RunConfig, dump_config, load_config
+from agentax.run._console import warn_line
 from agentax.config import ConfigError
 from agentax.trace import CONFIG_FILENAME, METRICS_FILENAME
 
