@@ -1,63 +1,35 @@
-"""Multi-turn tool use: the model may call a calculator, read its result and answer.
+"""Multi-turn tool use, trained from Python with `agentax.run.train`: what `agentax train` does.
 
-ToolEnvironment runs the tool calls the agent parses (Hermes `<tool_call>` JSON) and scores
-the final answer with `math_verify`; the collector keeps each episode as one token stream,
-the model's own tokens with loss mask 1 and the tool output with mask 0, which is what the
-trainer receives. For the tiny model learning this in two minutes, see `agentax train
-calculator` (SFT warm start first); this file shows the same loop in plain Python.
+`RunConfig()`'s defaults are the embedded CPU demo: a tiny byte-level model learns to call a
+calculator (Hermes `<tool_call>` JSON), read its result and answer. `train` warms it up with
+SFT on demonstrations, evaluates it on held-out questions, runs async GRPO through the
+pipeline, evaluates again and writes one run directory (config.yaml, metrics.jsonl, the trace,
+checkpoints, transcripts, curves.png; `agentax show RUN_DIR` reads it). A `Hook` runs after
+every N-th RL step with the step's metrics. The pieces it assembles (engine, collector,
+trainer, pipeline) are shown one by one in math_single_turn.py.
 
-Run: python examples/calculator_tool.py [--steps N]
+Run: python examples/calculator_tool.py [--steps N]   (30: the full demo, two minutes or so on
+a CPU; fewer RL steps shorten the evaluations with them, never the warm start)
 """
 
 import argparse
 
-from flax import nnx
-
-from agentax.agents import ToolAgent
-from agentax.engine import Engine, EngineConfig
-from agentax.envs import ToolEnvironment
-from agentax.models import ModelConfig, Transformer
-from agentax.pipeline import Pipeline, PipelineConfig
-from agentax.records import SamplingParams, Task
-from agentax.rollout import Collector, CollectorConfig
-from agentax.text import ByteTokenizer
-from agentax.tools import calculator
-from agentax.train import RLTrainer, TrainerConfig
-
-TASKS = [Task(id=f"calc-{a}-{b}", prompt=f"What is {a}*{b}?", answer=str(a * b))
-         for a in range(11, 30) for b in range(3, 9)]
+from agentax.run import Hook, RunConfig, train
 
 
 def main(steps):
-    tokenizer = ByteTokenizer()
-    model = Transformer(ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128,
-                                         num_heads=2, num_kv_heads=1, head_dim=32), rngs=nnx.Rngs(0))
-    # The system prompt (ToolAgent's instructions and calc's JSON schema) is ~630 bytes alone;
-    # one prefill chunk shape compiles fewer kernels than chunks of 16 to 128.
-    engine = Engine(model, EngineConfig(max_slots=16, max_seq_len=768, prefill_chunk=128,
-                                        min_prefill_bucket=128),
-                    eos_token_ids=tokenizer.eos_token_ids, tokenizer=tokenizer)
-    collector = Collector(engine, tokenizer,
-                          env_factory=lambda: ToolEnvironment([calculator], "math_verify"),
-                          agent_factory=lambda: ToolAgent([calculator]),
-                          sampling=SamplingParams(temperature=1.0, max_tokens=24),
-                          config=CollectorConfig(max_turns=3, max_episode_tokens=760))
-    trainer = RLTrainer(model, TrainerConfig(learning_rate=1e-3, micro_batch_size=16,
-                                             max_seq_len=768, min_seq_bucket=128))
-    pipeline = Pipeline(collector, trainer, engine, TASKS,
-                        PipelineConfig(group_size=4, groups_per_step=4, max_concurrency=16,
-                                       filters=()),
-                        on_step=lambda r: print(f"step {r.step}: reward {r.reward_mean:.3f}"))
-    try:
-        result = pipeline.run(steps)
-    finally:
-        engine.shutdown()
-    print(f"trained {result.trajectories_trained} episodes in {result.wall_s:.1f} s; "
-          f"outcomes {result.accounting.summary()}")
-    assert len(result.steps) == steps and result.trajectories_trained == 16 * steps
+    config = RunConfig()  # the embedded CPU demo; a recipe: train("frozen_lake"), a YAML path
+    show = Hook(lambda s: print(f"step {s.step}: reward {s.metrics.get('reward', 0):.3f}"))
+    result = train(config, hooks=[show],  # overrides as on the command line
+                   overrides=[f"run.steps={steps}", f"tasks.num_eval={min(64, 8 * steps)}"])
+    before, after = result.eval_before, result.eval_after
+    print(f"trained {result.steps} RL steps; held-out greedy success "
+          f"{before['eval/greedy/success']:.2f} -> {after['eval/greedy/success']:.2f}; "
+          f"run directory {result.run_dir}")
+    assert result.steps == steps
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=30)
     main(parser.parse_args().steps)
