@@ -7,7 +7,7 @@ an Agent subclass that reads "left", "L", "0", "Action: left" alike, and a reply
 action comes back as feedback, never as a crash. `train` warms the tiny model up on a noisy
 planner's demonstrations (SFT), then runs async GRPO on the maps and evaluates on held-out
 ones, exactly as `agentax train frozen_lake`. Your own environment or agent plugs in the same
-way: `env.factory=package.module:function` (see docs/training.md).
+way: `env.factory=package.module:function` (see docs/quickstart.md).
 
 Run: python examples/frozen_lake_agent.py [--steps N]   (40: the recipe's full run)
 """
