@@ -36,6 +36,9 @@ def test_the_expected_examples_exist():
 
 def _run(script: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if env.get("PYTHONPATH"):  # the run's folder is not this one: relative entries resolved
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve())
+                                            for p in env["PYTHONPATH"].split(os.pathsep) if p)
     text = (EXAMPLES / script).read_text()
     reduced = ["--steps", "1"] if "--steps" in text else ["--quick"]
     # In a folder of its own: an example that calls agentax.run.train writes runs/ there.
