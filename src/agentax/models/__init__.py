@@ -8,8 +8,8 @@ from agentax.models._sharding import (DEFAULT_PARTITION_RULES, MESH_AXES, make_m
                                       param_sharding_fn, param_shardings, partition_spec_for,
                                       shard_params)
 from agentax.models._stacked import LayerStack, StackedKV, plan_layer_stack
-from agentax.models._transformer import (SCAN_AUTO_MIN_LAYERS, KVCache, Transformer,
-                                         init_cache, kv_cache_bytes)
+from agentax.models._cache import KVCache, init_cache, kv_cache_bytes
+from agentax.models._transformer import SCAN_AUTO_MIN_LAYERS, Transformer
 
 __all__ = [
     "BYTE_VOCAB_SIZE",

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentax.models._layers import rope_inv_freq
-from agentax.models._transformer import _cache_index
+from agentax.models._cache import _cache_index
 
 __all__ = ["LayerStack", "StackedKV", "StackedTransformer", "plan_layer_stack"]
 
