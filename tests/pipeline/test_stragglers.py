@@ -111,9 +111,9 @@ class _Trainer:
         return None
 
 
-# The example hypothesis found on 2026-12-04: with one group per step and max_staleness=1 the
-# gate admits two groups; hung groups 12 and 13 held both places, so no complete group could
-# ever fill the step and (before the fix) the straggler rule never dropped them.
+# An example hypothesis found: with one group per step and max_staleness=1 the gate admits two
+# groups; hung groups 12 and 13 hold both places, so no complete group could ever fill the
+# step unless the straggler rule drops them.
 @example(max_staleness=1, gps=1, turn_ms=[1] * 64, hung={10, 12, 13, 17})
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
