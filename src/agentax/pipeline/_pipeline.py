@@ -531,7 +531,7 @@ class Pipeline:
                     need = cfg.groups_per_step - len(kept)
                     indices = [self._admit() for _ in range(need)]
                     groups = await asyncio.gather(*(self._run_group(i, episodes) for i in indices))
-                    kept.extend(g for g in groups if self._screen(g) is not None)
+                    kept.extend(s for s in map(self._screen, groups) if s is not None)
             steps.append(await self._train_whole(kept, time.perf_counter() - t_wait, t_start))
         return steps
 
@@ -549,10 +549,11 @@ class Pipeline:
             group = await self._run_group(run.index, episodes, run.members)
             if stragglers is not None:
                 stragglers.observe(time.perf_counter() - run.started_at)
-            if self._screen(group) is None:
+            screened = self._screen(group)  # (a multi-agent task may keep only some roles)
+            if screened is None:
                 await gate.release(run.deadline)
                 return
-            ready.put_nowait((run.deadline, group))
+            ready.put_nowait((run.deadline, screened))
             self.tracer.counter(names.QUEUE_DEPTH, ready.qsize())
 
         def slots_full() -> bool:
