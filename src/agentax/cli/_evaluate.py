@@ -117,6 +117,7 @@ async def evaluate(
     seed: int = 0,
     keep: int = 0,
     split: bool = True,
+    roles: Mapping[str, Any] | None = None,
 ) -> list[EvalResult]:
     """Runs every task once greedily (if `greedy`) and `samples` times sampled.
 
@@ -125,7 +126,9 @@ async def evaluate(
     its contiguous share of the tasks (same seeds as one process would use) and the results
     are combined over all of them (a collective: every process calls this, at the same point
     of the run). `split=False` runs every task here and combines nothing: for an evaluation
-    that overlaps training, whose own collectives run on another thread.
+    that overlaps training, whose own collectives run on another thread. `roles` (role ->
+    `RolePolicy`) plays a multi-agent environment; each episode is scored by its first
+    trained role.
     """
     from agentax.train import gather_objects, local_share
 
@@ -138,7 +141,7 @@ async def evaluate(
     for mode, repeats in modes:
         params = dataclasses.replace(sampling, temperature=0.0) if mode == "greedy" else sampling
         collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, params,
-                              collector_config, reward_fn=suite.reward_fn)
+                              collector_config, reward_fn=suite.reward_fn, roles=roles)
         version = int(getattr(engine, "policy_version", 0))
         t0 = time.perf_counter()
 

@@ -33,6 +33,7 @@ from agentax.cli._build import (
     build_engine,
     build_mesh,
     build_model,
+    build_roles,
     build_suite_for,
     build_tokenizer,
 )
@@ -258,7 +259,8 @@ async def _evaluate(cfg: RunConfig, engine, tokenizer, suite: TaskSuite, *, gree
         engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
         collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
         samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
-        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split)
+        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split,
+        roles=build_roles(e.roles or cfg.env.roles, tokenizer))
 
 
 def _report_eval(rep: Reporter, step: int, label: str, results: list[EvalResult],
@@ -468,7 +470,8 @@ def _rl(cfg: RunConfig, rep: Reporter, trainer, engine, tokenizer, suite, start_
     out: dict[str, Any] = {}
     transcripts = rep.transcripts(tokenizer, segment=start_step)
     collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
-                          cfg.collector, reward_fn=suite.reward_fn)
+                          cfg.collector, reward_fn=suite.reward_fn,
+                          roles=build_roles(cfg.env.roles, tokenizer))
     steps_left = max(cfg.run.steps - start_step, 0)
     evals: list[asyncio.Task] = []
     trained = [0]
