@@ -29,8 +29,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from agentax.envs._base import Environment, EnvError, ensure_async_env
-from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
+from agentax.envs._base import Environment, ensure_async_env
+from agentax.records import Action, Observation, StepResult, Task
 
 __all__ = ["MultiAgentEnvironment", "RoleStep", "as_multi_agent", "SINGLE_ROLE"]
 
@@ -130,14 +130,7 @@ class MultiAgentEnvironment(Environment):
 
     async def step(self, role: str, action: Action) -> RoleStep:  # type: ignore[override]
         """`role` takes `action`; raises `EnvError` (only) if the environment fails."""
-        if not isinstance(action, Action):
-            raise TypeError(f"step() takes an agentax Action, got {type(action).__name__}")
-        st = self._state()
-        if st["task"] is None:
-            raise RuntimeError("step() called before reset(); call `await env.reset(task)` first")
-        if st["broken"] is not None:
-            raise EnvError(f"environment is broken after an earlier failure ({st['broken']}); reset it",
-                           status=TrajectoryStatus.ENV_ERROR, kind="broken", call="step")
+        st = self._step_state(action)
         if st["done"]:
             raise RuntimeError("step() called after the episode ended (done=True); reset() first")
         st["step"] += 1

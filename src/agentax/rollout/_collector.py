@@ -475,19 +475,13 @@ class Collector:
         return True
 
     async def _cleanup(self, env: Any, state: "_EpisodeState") -> None:
-        if state.sequence_id is not None:
-            try:
-                self.engine.release(state.sequence_id)
-            except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
-                pass
-            state.sequence_id = None
-        for role in state.roles.values():
-            if role.sequence_id is not None:
+        for holder, engine in [(state, self.engine)] + [(r, r.engine) for r in state.roles.values()]:
+            if holder.sequence_id is not None:
                 try:
-                    role.engine.release(role.sequence_id)
+                    engine.release(holder.sequence_id)
                 except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
                     pass
-                role.sequence_id = None
+                holder.sequence_id = None
         try:
             await bounded(env.close(), self.config.close_timeout_s)
         except Exception:  # noqa: BLE001 - close failures are counted, never fatal
