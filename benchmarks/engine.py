@@ -764,8 +764,8 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
     # precompile: every shape the traffic may meet (which row/span buckets a run meets
     # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
     # Prefill calls of at most 8 rows (as the demo's engine) in chunks of 32 or 64: 18 kernels.
-    # Until 2026-12-02 rows went up to max_slots and chunks down to 16 (38 kernels, ~60 s of
-    # compile on a slow 2-core host); the sweep's rows_32 keeps that engine's prefill.
+    # Rows up to max_slots and chunks down to 16 would compile 38 kernels (~60 s on a slow
+    # 2-core host); the sweep's rows_32 measures that wider prefill.
     config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=64,
                           min_prefill_bucket=32, max_prefill_rows=8, precompile=True)
     rng = np.random.default_rng(0)
@@ -949,11 +949,10 @@ def main() -> None:
         print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))
         return
     if args.quick:
-        # The full run's engine (the same 18 kernels) on a shorter workload. On 2026-12-01
-        # quick briefly used an engine of its own that compiled less, but then it timed other
-        # prefill kernels than the full run and its continuous_over_static disagreed with it
-        # (1.85-2.02 against 2.09): quick and full share one engine config since. Two timed
-        # pairs each (three until 2026-12-03: 56-61 s wall on 2 cores, on the 60 s limit).
+        # The full run's engine (the same 18 kernels) on a shorter workload: an engine of
+        # quick's own would time other prefill kernels than the full run, and its
+        # continuous_over_static would disagree with it. Two timed pairs each keep quick
+        # under 60 s on 2 cores.
         plan = {"tiny": dict(slots=32, requests=128, hf_requests=0, episodes=8, steps_sweep=(),
                              repeats=2, filled_pairs=2, prefix_pairs=1, prefix_len=512)}
     else:

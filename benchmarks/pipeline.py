@@ -4,10 +4,10 @@ Workload: the tiny byte model (real engine, real trainer, real collector), 3-tur
 an environment whose step latency is lognormal, median 0.1 s and p99 ten times that (a tool
 call or a sandbox step: its latency does not shrink when the model gets faster). The k-th
 episode of every run gets the same latencies (`EpisodeLatencies`: common random numbers), so
-sync and async face the same stragglers; until 2026-12-01 they drew them from one shared
-stream, and a 24-step ratio swung by +-0.3 with the draw alone. Until
-2026-11-30 the median was one measured model turn, so the workload shrank with every engine
-speed-up (0.108 s, then 0.018 s); that workload is still measured, as `*_turn_latency`. Both
+sync and async face the same stragglers (drawn from one shared stream, a 24-step ratio would
+swing by +-0.3 with the draw alone). The median is fixed rather than one measured model turn,
+so the workload does not shrink with every engine speed-up; the turn-latency workload is
+still measured, as `*_turn_latency`. Both
 modes train the same number of groups with the same model, tasks and knobs; they run one after
 the other in this process, after a warm-up that compiles every kernel, so compilation is not
 counted in the ratios. Throughput is counted in steady state: the first FILL_STEPS steps of
@@ -24,7 +24,7 @@ Figures (last line, JSON):
                              sync run's own group times (`tail_ceiling`); what async reaches if
                              rollouts and training shared no CPU
   tail_ceiling_never_drop_max_staleness_1/_2  the same replay without straggler drops (the
-                             gate alone, the schedule before 2026-12-01)
+                             gate alone, without the straggler rule)
   async_over_sync_no_contention_max_staleness_1/_2  (full run only) the real Pipeline
                              driving sleep-only parts with this workload's model turn, env
                              latency and sync train step: the scheduling alone, no CPU shared

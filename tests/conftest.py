@@ -7,3 +7,8 @@ def pytest_configure(config):
     import agentax._executors
 
     agentax._executors.EXIT_WAIT_S = 0.5
+
+
+# tests/data holds test data, including SWE-bench-format repository snapshots whose own test files
+# (tests/data/swebench/*/tests/test_*.py) are run inside the sandbox by the SWE tests, never here.
+collect_ignore = ["data"]

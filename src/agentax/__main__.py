@@ -4,8 +4,8 @@ Before anything heavy is imported, it re-executes itself once with glibc's mallo
 its memory with transparent huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), where that
 helps: Linux, glibc >= 2.35, transparent huge pages in `madvise` mode (the common default).
 XLA on CPU hands every jitted call fresh buffers from malloc, and the kernel maps them a 4 KiB
-page at a time: a demo SFT step took ~20,000 page faults. With huge pages the faults fell 15×
-and the demo's SFT phase took 41 s instead of 49.5 s on a 2-core AMD host (docs/quickstart.md).
+page at a time: ~20,000 page faults a demo SFT step. Huge pages cut the faults ~15× and make
+the demo's SFT phase faster (docs/quickstart.md has the figures).
 Setting `glibc.malloc.hugetlb` yourself (`=0` turns it off) leaves the environment alone. The
 library itself never does this: it only happens for the `agentax` command.
 """

@@ -50,7 +50,7 @@ _ALL: weakref.WeakSet = weakref.WeakSet()  # every executor that started a threa
 def lower_thread_priority() -> None:
     """Gives the calling thread the lowest CPU priority (nice 19), for background compilation:
     beside an SFT warm start it takes the cycles SFT leaves idle instead of half the cores
-    (the cold demo 5.4 s faster on 2 cores, mean of six alternated pairs). Linux only, where a
+    (docs/training.md has the effect on the demo). Linux only, where a
     thread has a nice value of its own (elsewhere a no-op); without privileges it cannot be
     undone, so call it on a thread of its own."""
     if sys.platform.startswith("linux"):

@@ -38,6 +38,8 @@ ENV_OF_RECIPE = {  # recipe name prefix -> the environment factory it must name
     "openai_calculator": "agentax.recipes.openai_calculator:make_env",
     "agents_sdk_calculator": "agentax.recipes.agents_sdk_calculator:make_env",
     "web": "agentax.recipes.web:make_env", "mini_swe": "agentax.recipes.mini_swe:make_env",
+    "selfplay": "agentax.recipes.selfplay:make_env",
+    "solver_verifier": "agentax.recipes.solver_verifier:make_env",
 }
 
 

@@ -10,8 +10,9 @@ import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
 RECIPES = ("calculator", "frozen_lake", "math", "bash", "swe_tiny", "swe_real", "mcp_tools",
-           "openai_calculator", "agents_sdk_calculator", "mini_swe", "web")
-PARTS = ("make_env", "make_agent", "tasks", "demos", "make_tool_env", "make_tool_agent",
+           "openai_calculator", "agents_sdk_calculator", "mini_swe", "web", "selfplay",
+           "solver_verifier")
+PARTS = ("make_env", "make_agent", "tasks", "demos", "random_player", "make_tool_env", "make_tool_agent",
          "arithmetic_tasks", "arithmetic_demos")
 GIVEN = {"num_train", "num_eval", "seed", "train_tasks", "n", "kwargs"}  # set by the runner
 

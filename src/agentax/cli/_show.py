@@ -35,6 +35,8 @@ class Filters:
     success: bool | None = None
     reward_min: float | None = None
     reward_max: float | None = None
+    role: str | None = None
+    """Only this role's view of multi-agent episodes."""
 
 
 def parse_steps(text: str) -> tuple[int | None, int | None]:
@@ -60,6 +62,8 @@ def _matches(record: dict[str, Any], f: Filters) -> bool:
     if (lo is not None or hi is not None) and not isinstance(step, int):
         return False
     if (lo is not None and step < lo) or (hi is not None and step > hi):
+        return False
+    if f.role is not None and record.get("role") != f.role:
         return False
     if f.success is not None and bool(record.get("success")) != f.success:
         return False
@@ -90,8 +94,10 @@ def format_header(record: dict[str, Any]) -> str:
     policy = _policy(record.get("policy_versions") or []) or "none"
     mark = "success" if record.get("success") else "failure"
     trained = f", {tokens.get('trained', 0)} trained" if phase == "train" else ""
+    role = f" · role {record['role']} of {'/'.join(record.get('roles') or [])}" \
+        if record.get("role") else ""
     return (f"{phase} · step {record.get('step', '?')} · {record.get('group_id', '?')}/"
-            f"{record.get('sample_index', '?')} · task {record.get('task_id', '?')} · reward "
+            f"{record.get('sample_index', '?')}{role} · task {record.get('task_id', '?')} · reward "
             f"{record.get('reward', 0):.3g} {mark} · {record.get('status', '?')} "
             f"({record.get('reason', '')}) · tokens {tokens.get('prompt', 0)} in + "
             f"{tokens.get('completion', 0)} out{trained} · policy {policy}")
@@ -132,7 +138,8 @@ def _action_line(turn: dict[str, Any]) -> str:
 
 def conversation(record: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(role, label detail, text) per message; an assistant message shows its model call's raw
-    text (special tokens kept) and what was parsed from it. Without messages, the turns. A
+    text (special tokens kept) and what was parsed from it (and, in a multi-agent episode, the
+    episode role that called the model). Without messages, the turns. A
     black-box agent's return value comes last.
     Control characters are shown escaped (`printable`)."""
     turns = list(record.get("turns") or [])
@@ -145,7 +152,8 @@ def conversation(record: dict[str, Any]) -> list[tuple[str, str, str]]:
         if role == "assistant" and k < len(turns):
             turn, k = turns[k], k + 1
             policy = _policy(turn.get("policy_versions") or [])
-            detail = (f"{turn.get('completion_tokens', '?')} tokens, "
+            detail = ((f"role {turn['role']}, " if turn.get("role") else "") +
+                      f"{turn.get('completion_tokens', '?')} tokens, "
                       f"{turn.get('finish_reason', '?')}" + (f", {policy}" if policy else ""))
             text = str(turn.get("raw", text))
             action = _action_line(turn)
@@ -183,7 +191,8 @@ def _filters(args: argparse.Namespace) -> Filters:
     phase = "train" if args.train else "eval" if args.eval else args.phase
     success = True if args.success else False if args.failure else None
     return Filters(steps=parse_steps(args.step) if args.step else (None, None), phase=phase,
-                   success=success, reward_min=args.reward_min, reward_max=args.reward_max)
+                   success=success, reward_min=args.reward_min, reward_max=args.reward_max,
+                   role=getattr(args, "role", None))
 
 
 def show(args: argparse.Namespace) -> int:
@@ -230,6 +239,7 @@ def add_parser(add: Any) -> None:
     kind.add_argument("--eval", action="store_true", help="only evaluation episodes")
     kind.add_argument("--phase", help="only this phase (train, eval_before, eval_mid, "
                       "eval_after, eval, eval_after_sft)")
+    p.add_argument("--role", help="only this role's view of multi-agent episodes")
     outcome = p.add_mutually_exclusive_group()
     outcome.add_argument("--success", action="store_true", help="only episodes with reward > 0")
     outcome.add_argument("--failure", action="store_true", help="only episodes with reward <= 0")

@@ -18,6 +18,7 @@ from agentax.envs._browser_actions import BrowserAction, format_browser_action, 
 from agentax.envs._browser_host import BrowserUnavailableError, check_browser_available, shutdown_browser
 from agentax.envs._code import CodeEnvironment
 from agentax.envs._gym import GymnasiumEnvironment, make_frozen_lake, make_taxi
+from agentax.envs._multi import SINGLE_ROLE, MultiAgentEnvironment, RoleStep, as_multi_agent
 from agentax.envs._miniwob import MINIWOB_TASKS, MiniWoBSite, miniwob_task, miniwob_tasks
 from agentax.envs._process import ProcessEnvironment
 from agentax.envs._reward import compute_reward
@@ -34,6 +35,10 @@ __all__ = [
     "BROWSER_SITES",
     "BROWSER_SPANS",
     "MINIWOB_TASKS",
+    "SINGLE_ROLE",
+    "MultiAgentEnvironment",
+    "RoleStep",
+    "as_multi_agent",
     "SWE_REPOS",
     "BrowserAction",
     "BrowserEnvironment",

@@ -154,12 +154,8 @@ class Environment(abc.ABC):
             raise self._fail("reset", "bad_return", f"_reset returned {type(out).__name__}; expected Observation or str")
         return out
 
-    async def step(self, action: Action) -> StepResult:
-        """Take one step. Raises `EnvError` (only) if the environment fails.
-
-        Returns a `StepResult`; `done` is True whenever the episode is over and `truncated`
-        is True when it ended by `max_steps` (or a limit the environment reports).
-        """
+    def _step_state(self, action: Action) -> dict:
+        """The episode's state, once `action` may be stepped: an Action, after reset, not broken."""
         if not isinstance(action, Action):
             raise TypeError(f"step() takes an agentax Action, got {type(action).__name__}")
         st = self._state()
@@ -172,6 +168,15 @@ class Environment(abc.ABC):
                 kind="broken",
                 call="step",
             )
+        return st
+
+    async def step(self, action: Action) -> StepResult:
+        """Take one step. Raises `EnvError` (only) if the environment fails.
+
+        Returns a `StepResult`; `done` is True whenever the episode is over and `truncated`
+        is True when it ended by `max_steps` (or a limit the environment reports).
+        """
+        st = self._step_state(action)
         if st["done"]:
             raise RuntimeError("step() called after the episode ended (done=True); reset() first")
         st["step"] += 1

@@ -10,6 +10,7 @@ from agentax.pipeline._pipeline import (
     StepRecord,
     drop_all_equal_rewards,
     group_staleness,
+    split_roles,
 )
 from agentax.pipeline._staleness import STRAGGLER_FACTOR, StalenessGate, StragglerLimit
 
@@ -28,4 +29,5 @@ __all__ = [
     "StragglerLimit",
     "drop_all_equal_rewards",
     "group_staleness",
+    "split_roles",
 ]

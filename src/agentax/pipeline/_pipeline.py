@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -59,12 +60,14 @@ from agentax.pipeline._steps import (
     _result_or_failure,
     drop_all_equal_rewards,
     group_staleness,
+    split_roles,
 )
 from agentax.records import Group, Task, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector, episode_seed
 from agentax.trace import get_tracer, names
 
-__all__ = ["Pipeline", "PipelineResult", "StepRecord", "drop_all_equal_rewards", "group_staleness"]
+__all__ = ["Pipeline", "PipelineResult", "StepRecord", "drop_all_equal_rewards", "group_staleness",
+           "split_roles"]
 
 log = logging.getLogger(__name__)
 _DROP_STREAK_WARNING = 8  # in units of groups_per_step: all-equal groups before a first warning
@@ -241,12 +244,21 @@ class Pipeline:
                 else:
                     self.accounting.failed[traj.status.value] += 1
             return None
-        for name in self.config.filters:
-            reason = _FILTERS[name](group)
+        # Filters judge each (task, role) group on its own (a multi-agent task's roles are
+        # separate GRPO groups); a task keeps the roles that pass.
+        kept: list[Trajectory] = []
+        for part in split_roles(group):
+            reason = next((r for r in (_FILTERS[n](part) for n in self.config.filters)
+                           if r is not None), None)
             if reason is not None:
-                self._account_dropped(group, reason)
-                return None
-        return group
+                self._account_dropped(part, reason)
+            else:
+                kept.extend(part.trajectories)
+        if not kept:
+            return None
+        if len(kept) == len(group.trajectories):
+            return group
+        return dataclasses.replace(group, trajectories=tuple(kept))
 
     def _fail(self, error: RunFailed) -> None:
         """Stops the run with `error` (the first reason wins)."""
@@ -260,25 +272,36 @@ class Pipeline:
         group_id = f"g{key}"
         members = members if members is not None else _Members()
 
-        async def one(sample: int) -> Trajectory:
+        run_roles = getattr(self.collector, "run_episode_roles", None)
+
+        async def one(sample: int) -> tuple[Trajectory, ...]:
             async with episodes:
                 self.accounting.started += 1
                 members.started += 1
-                traj = await self.collector.run_episode(
-                    task, seed=episode_seed(self.config.seed, key, sample),
-                    group_id=group_id, sample_index=sample,
-                )
-                members.finished.append(traj)
-            if self.on_episode is not None:
-                self.on_episode(traj)
-            error = self.breaker.record(traj)
-            if error is not None:
-                self._fail(error)
-            return traj
+                seed = episode_seed(self.config.seed, key, sample)
+                if run_roles is not None:
+                    trajs = tuple(await run_roles(task, seed=seed, group_id=group_id,
+                                                  sample_index=sample))
+                else:
+                    trajs = (await self.collector.run_episode(
+                        task, seed=seed, group_id=group_id, sample_index=sample),)
+                # The books count trajectories: an episode of k trained roles is k of them.
+                self.accounting.started += len(trajs) - 1
+                members.started += len(trajs) - 1
+                members.finished.extend(trajs)
+                members.episodes += 1
+            for traj in trajs:
+                if self.on_episode is not None:
+                    self.on_episode(traj)
+                error = self.breaker.record(traj)
+                if error is not None:
+                    self._fail(error)
+            return trajs
 
         with self.tracer.span(names.ROLLOUT, track=names.COLLECTOR_TRACK, args={"group": group_id}):
-            trajs = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
-        return Group(group_id=group_id, task_id=task.id, trajectories=tuple(trajs))
+            per_episode = await asyncio.gather(*(one(i) for i in range(self.config.group_size)))
+        return Group(group_id=group_id, task_id=task.id,
+                     trajectories=tuple(t for trajs in per_episode for t in trajs))
 
     async def _train_whole(self, groups: list[Group], wait_s: float,
                            t_start: float) -> StepRecord:
@@ -308,14 +331,17 @@ class Pipeline:
         self._waiting_since = None
         groups.sort(key=lambda g: int(g.group_id[1:]))  # deterministic order inside a step
         staleness = tuple(group_staleness(g, self.version) for g in groups)
-        flows = [t.info["flow_id"] for g in groups for t in g.trajectories if "flow_id" in t.info]
+        flows = list(dict.fromkeys(t.info["flow_id"] for g in groups for t in g.trajectories
+                                   if "flow_id" in t.info))  # (an episode's roles share one)
+        # GRPO groups are per (task, role): a multi-agent task's roles train as separate groups.
+        role_groups = [part for g in groups for part in split_roles(g)]
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         with self.tracer.span(
             names.TRAIN_STEP, track=names.TRAINER_TRACK, flow_in=flows,
             args={names.ARG_STALENESS: max(staleness, default=0)},
         ) as span:
-            metrics = await loop.run_in_executor(self._executor, self.trainer.step, groups)
+            metrics = await loop.run_in_executor(self._executor, self.trainer.step, role_groups)
             self.version += 1
             span.set_arg(names.ARG_POLICY_VERSION, self.version)
         train_s = time.perf_counter() - t0
@@ -345,7 +371,7 @@ class Pipeline:
             wall_s=time.perf_counter() - t_start, metrics=metrics,
         )
         if self.on_trained is not None:
-            self.on_trained(record, groups)
+            self.on_trained(record, role_groups)
         if self.on_step is not None:
             self.on_step(record)
         self._waiting_since = time.perf_counter()
@@ -448,7 +474,7 @@ class Pipeline:
                     need = cfg.groups_per_step - len(kept)
                     indices = [self._admit() for _ in range(need)]
                     groups = await asyncio.gather(*(self._run_group(i, episodes) for i in indices))
-                    kept.extend(g for g in groups if self._screen(g) is not None)
+                    kept.extend(s for s in map(self._screen, groups) if s is not None)
             steps.append(await self._train_whole(kept, time.perf_counter() - t_wait, t_start))
         return steps
 
@@ -466,10 +492,11 @@ class Pipeline:
             group = await self._run_group(run.index, episodes, run.members)
             if stragglers is not None:
                 stragglers.observe(time.perf_counter() - run.started_at)
-            if self._screen(group) is None:
+            screened = self._screen(group)  # (a multi-agent task may keep only some roles)
+            if screened is None:
                 await gate.release(run.deadline)
                 return
-            ready.put_nowait((run.deadline, group))
+            ready.put_nowait((run.deadline, screened))
             self.tracer.counter(names.QUEUE_DEPTH, ready.qsize())
 
         def slots_full() -> bool:
@@ -554,7 +581,7 @@ class Pipeline:
             return None
         # A group whose members have all finished is being screened, not late.
         alive = [(r, t) for t, r in running.items()
-                 if not t.done() and len(r.members.finished) < self.config.group_size]
+                 if not t.done() and r.members.episodes < self.config.group_size]
         if not blocked or not alive:
             return limit
         victim, task = min(alive, key=lambda rt: (rt[0].deadline, rt[0].index))

@@ -11,7 +11,8 @@ import numpy as np
 from agentax.pipeline._accounting import Accounting
 from agentax.records import Group, Trajectory, TrajectoryStatus
 
-__all__ = ["PipelineResult", "StepRecord", "drop_all_equal_rewards", "group_staleness"]
+__all__ = ["PipelineResult", "StepRecord", "drop_all_equal_rewards", "group_staleness",
+           "split_roles"]
 
 _TRAINABLE = (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED)
 
@@ -25,6 +26,19 @@ def drop_all_equal_rewards(group: Group) -> str | None:
 
 
 _FILTERS = {"all_equal_rewards": drop_all_equal_rewards}
+
+
+def split_roles(group: Group) -> list[Group]:
+    """A multi-agent task's group as one GRPO group per (task, role): the trajectories of each
+    role (`info["role"]`), with group id `<group_id>/<role>`; a single-agent group unchanged."""
+    by_role: dict[str, list[Trajectory]] = {}
+    for traj in group.trajectories:
+        by_role.setdefault(str(traj.info.get("role", "")), []).append(traj)
+    if list(by_role) == [""]:
+        return [group]
+    return [Group(group_id=f"{group.group_id}/{role}" if role else group.group_id,
+                  task_id=group.task_id, trajectories=tuple(trajs))
+            for role, trajs in by_role.items()]
 
 
 def group_staleness(group: Group, version: int) -> int:
@@ -103,10 +117,12 @@ async def _next_group(ready: asyncio.Queue, producer: asyncio.Task,
 
 @dataclasses.dataclass
 class _Members:
-    """A group's episodes so far: how many started, and those that finished."""
+    """A group's episodes so far: how many trajectories started (an episode counts one while
+    it runs, one per trained role once it ends), those that finished, and finished episodes."""
 
     started: int = 0
     finished: list[Trajectory] = dataclasses.field(default_factory=list)
+    episodes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,8 @@ beats the tool call, whereas answers from memory written as numbers (near misses
 first token over ten digits and lost to the call, which left greedy at 84-95 % before RL. It
 copies the tool's result faithfully: copying is a skill the tiny model must acquire during the
 warm start (it emerges late in SFT, at a seed-dependent step): demonstrations that miscopy on
-purpose left seed 0 or 2 of the one-minute demo with a policy that RL could not fix in 40 steps
-(measured 2026-12-01); 53 % tool-using ones suffice for seeds 0-2 (2026-12-02). Calling the
+purpose left seed 0 or 2 of the one-minute demo with a policy that RL could not fix in 40
+steps; 53 % tool-using ones suffice for seeds 0-2. Calling the
 tool on - questions too (73 %) made RL twice as slow: most groups were then all right and
 filtered as equal-reward."""
 

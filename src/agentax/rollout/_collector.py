@@ -22,17 +22,34 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agentax._aio import bounded
 from agentax.agents import Agent, TrajectoryBuilder
 from agentax.engine import PromptTooLong
-from agentax.envs import EnvError, Environment, compute_reward, ensure_async_env
-from agentax.records import Completion, SamplingParams, Task, Trajectory, TrajectoryStatus
+from agentax.envs import (
+    SINGLE_ROLE,
+    EnvError,
+    MultiAgentEnvironment,
+    RoleStep,
+    as_multi_agent,
+    compute_reward,
+    ensure_async_env,
+)
+from agentax.records import (
+    Completion,
+    Message,
+    Observation,
+    SamplingParams,
+    StepResult,
+    Task,
+    Trajectory,
+    TrajectoryStatus,
+)
 from agentax.trace import get_tracer, names
 
-__all__ = ["Collector", "CollectorConfig", "GenerateFn", "cut_short", "episode_seed"]
+__all__ = ["Collector", "CollectorConfig", "GenerateFn", "RolePolicy", "cut_short", "episode_seed"]
 
 
 class GenerateFn(Protocol):
@@ -75,6 +92,33 @@ class CollectorConfig:
                 raise ValueError(f"collector.{name} must be a positive number of seconds, got {value}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolePolicy:
+    """Which model plays a role of a multi-agent episode, and whether the role trains.
+
+    Every role on the collector's own engine (`engine=None`) samples from the trained policy,
+    so several roles share it (self-play); a role on another `GenerateFn` (a fixed scripted
+    player, `FunctionPolicy`, another model's engine, a frozen snapshot's engine) goes through
+    the same loop, limits and timeouts but never trains.
+    """
+
+    engine: Any = None
+    """The model that answers the role (a `GenerateFn`); None: the collector's engine."""
+    trained: bool = True
+    """Whether the role's trajectories are returned for training."""
+    sampling: SamplingParams | None = None
+    """The role's sampling (its seed is set per episode); None: the collector's."""
+
+    def __post_init__(self) -> None:
+        if self.trained and self.engine is not None:
+            raise ValueError("RolePolicy(trained=True) samples from the collector's engine: "
+                             "leave engine=None, or set trained=False for a role on another "
+                             "model")
+        if self.engine is not None and not callable(getattr(self.engine, "generate", None)):
+            raise TypeError(f"RolePolicy.engine must have generate()/release() (a GenerateFn), "
+                            f"got {type(self.engine).__name__}")
+
+
 def episode_seed(run_seed: int, group_index: int, sample_index: int) -> int:
     """A 31-bit seed that depends only on (run, group, sample): never on batch composition."""
     digest = hashlib.blake2b(f"{run_seed}/{group_index}/{sample_index}".encode(), digest_size=4)
@@ -92,7 +136,11 @@ class Collector:
       sampling: sampling params of every model call (the seed is set per episode).
       config: limits.
       reward_fn: optional `(task, final_answer) -> float` computed after the episode, as its
-        own stage (the engine sequence is released first), added to the environment's rewards.
+        own stage (the engine sequence is released first), added to the environment's rewards
+        (single-agent episodes only: a multi-agent environment gives each role its rewards).
+      roles: for a `MultiAgentEnvironment`, role -> `RolePolicy` (every role of the
+        environment needs one); None: every role samples from `engine` and trains.
+        `agent_factory` may then be a mapping role -> factory.
     """
 
     def __init__(
@@ -100,13 +148,23 @@ class Collector:
         engine: GenerateFn,
         tokenizer: Any,
         env_factory: Callable[[], Any],
-        agent_factory: Callable[[], Agent],
+        agent_factory: Callable[[], Agent] | Mapping[str, Callable[[], Agent]],
         sampling: SamplingParams,
         config: CollectorConfig = CollectorConfig(),
         *,
         reward_fn: Callable[[Task, str], Any] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        roles: Mapping[str, RolePolicy] | None = None,
     ):
+        if roles is not None:
+            roles = dict(roles)
+            for name, policy in roles.items():
+                if not isinstance(policy, RolePolicy):
+                    raise TypeError(f"roles[{name!r}] must be a RolePolicy, got {type(policy).__name__}")
+            if not any(p.trained for p in roles.values()):
+                raise ValueError(f"no role of {sorted(roles)} is trained; set "
+                                 "RolePolicy(trained=True) on at least one")
+        self.roles = roles
         self.engine = engine
         self.tokenizer = tokenizer
         self.env_factory = env_factory
@@ -121,7 +179,17 @@ class Collector:
     async def run_episode(
         self, task: Task, *, seed: int, group_id: str = "", sample_index: int = 0
     ) -> Trajectory:
-        """Runs one episode to its end; never raises except on cancellation."""
+        """Runs one episode to its end; never raises except on cancellation. With several
+        trained roles it returns the first role's trajectory (`run_episode_roles` returns all)."""
+        return (await self.run_episode_roles(
+            task, seed=seed, group_id=group_id, sample_index=sample_index))[0]
+
+    async def run_episode_roles(
+        self, task: Task, *, seed: int, group_id: str = "", sample_index: int = 0
+    ) -> tuple[Trajectory, ...]:
+        """Runs one episode to its end and returns one trajectory per trained role (one for a
+        single-agent environment), each with `info["role"]` in a multi-agent episode; never
+        raises except on cancellation."""
         tracer = self.tracer
         track = names.episode_track(f"{group_id}/{sample_index}")
         flow = tracer.new_flow_id()
@@ -129,45 +197,87 @@ class Collector:
             names.EPISODE, track=track, flow_out=(flow,),
             args={names.ARG_EPISODE_ID: f"{group_id}/{sample_index}", "task_id": task.id},
         ) as span:
-            traj = await self._run(task, seed, group_id, sample_index, flow)
-            span.set_arg(names.ARG_STATUS, traj.status.value)
-            self._cuts.record(traj)
-            return traj
+            trajs = await self._run(task, seed, group_id, sample_index, flow, track)
+            span.set_arg(names.ARG_STATUS, trajs[0].status.value)
+            if any("role" in t.info for t in trajs):
+                span.set_arg(names.ARG_ROLE_REWARDS, {
+                    str(t.info["role"]): t.reward for t in trajs if "role" in t.info})
+            for traj in trajs:
+                self._cuts.record(traj)
+            return trajs
+
+    def _failed(self, task: Task, sample_index: int, group_id: str, t0: float, flow: int,
+                status: TrajectoryStatus, info: dict[str, Any]) -> tuple[Trajectory, ...]:
+        """Empty trajectories of an episode that could not start, one per trained role."""
+        roles = [r for r, p in (self.roles or {}).items() if p.trained] or [None]
+        return tuple(TrajectoryBuilder(self.tokenizer).build(
+            0.0, status, task_id=task.id, sample_index=sample_index, group_id=group_id,
+            timings={"episode_s": time.perf_counter() - t0},
+            info={**info, "turns": 0, "flow_id": flow, **({"role": r} if r else {})})
+            for r in roles)
+
+    def _make_roles(self, env: MultiAgentEnvironment, task: Task,
+                    seed: int) -> dict[str, _Role]:
+        out: dict[str, _Role] = {}
+        single = getattr(env, "single", False)
+        for i, name in enumerate(env.roles):
+            if self.roles is not None and not single:
+                if name not in self.roles:
+                    raise _RoleError(f"the environment's role {name!r} has no policy in the "
+                                     f"collector's roles {sorted(self.roles)}")
+                policy = self.roles[name]
+            else:
+                policy = RolePolicy()
+            factory = self.agent_factory
+            if isinstance(factory, Mapping):
+                key = name if name in factory else SINGLE_ROLE if single and len(factory) == 1 else None
+                if key is None:
+                    raise _RoleError(f"no agent factory for role {name!r} (agent_factory has "
+                                     f"{sorted(factory)})")
+                factory = factory[key] if key in factory else next(iter(factory.values()))
+            agent = factory()
+            params = policy.sampling or self.sampling
+            # Role 0 keeps the episode's seed (a single agent samples as it always did).
+            role_seed = seed if i == 0 else int(episode_seed(seed, i, 0))
+            out[name] = _Role(
+                name=name, agent=agent, engine=policy.engine or self.engine,
+                trained=policy.trained, params=dataclasses.replace(params, seed=role_seed),
+                builder=TrajectoryBuilder(
+                    self.tokenizer, tools=agent.tools, task_id=task.id,
+                    stop_ids=params.stop_ids, template_kwargs=self.template_kwargs))
+        return out
 
     async def _run(
-        self, task: Task, seed: int, group_id: str, sample_index: int, flow: int
-    ) -> Trajectory:
+        self, task: Task, seed: int, group_id: str, sample_index: int, flow: int, track: str
+    ) -> tuple[Trajectory, ...]:
         cfg = self.config
         t0 = time.perf_counter()
         made = stage = None
+        env: MultiAgentEnvironment | None = None
         try:  # user code: a factory that raises (now, not at the start-up check) is a status
             stage = "env_factory"
             made = self.env_factory()
             if hasattr(made, "drive_episode"):
-                return await self._run_driven(made, task, seed, group_id, sample_index, flow)
-            env: Environment = ensure_async_env(made)
+                return (await self._run_driven(made, task, seed, group_id, sample_index, flow),)
+            env = as_multi_agent(made)
             stage = "agent_factory"
-            agent = self.agent_factory()
-            builder = TrajectoryBuilder(
-                self.tokenizer, tools=agent.tools, task_id=task.id,
-                stop_ids=self.sampling.stop_ids, template_kwargs=self.template_kwargs,
-            )
+            roles = self._make_roles(env, task, seed)
         except Exception as e:  # noqa: BLE001 - counted by reason; the breaker decides
-            if made is not None and stage == "agent_factory":
-                await self._cleanup(ensure_async_env(made), _EpisodeState())
-            return TrajectoryBuilder(self.tokenizer).build(
-                0.0, TrajectoryStatus.ENV_ERROR if stage == "env_factory" else
-                TrajectoryStatus.MODEL_ERROR, task_id=task.id, sample_index=sample_index,
-                group_id=group_id, timings={"episode_s": time.perf_counter() - t0},
-                info={"reason": f"{stage}_error", "turns": 0, "flow_id": flow,
-                      "error": f"{type(e).__name__}: {e}"[:500]})
-        state = _EpisodeState()
+            if env is not None:
+                await self._cleanup(env, _EpisodeState())
+            return self._failed(
+                task, sample_index, group_id, t0, flow,
+                TrajectoryStatus.ENV_ERROR if stage == "env_factory" else
+                TrajectoryStatus.MODEL_ERROR,
+                {"reason": f"{stage}_error", "error": f"{type(e).__name__}: {e}"[:500]})
+        single = getattr(env, "single", False)
+        state = _EpisodeState(roles=roles)
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the coroutine in an inner
             # task whose exception is never retrieved when the episode is cancelled as it fails
             # (a breaker stopping the run printed one "Task exception was never retrieved" each).
             async with asyncio.timeout(cfg.episode_timeout_s):
-                await self._loop(task, seed, agent, env, builder, state)
+                await self._loop(task, env, state, None if single else track)
         except _ModelTimeout:
             state.fail(TrajectoryStatus.TIMEOUT, "model_timeout",
                        f"no reply within model_timeout_s={cfg.model_timeout_s}")
@@ -181,14 +291,34 @@ class Collector:
             raise
         except Exception as e:  # noqa: BLE001 - the engine or an agent broke: a typed status
             state.fail(TrajectoryStatus.MODEL_ERROR, type(e).__name__, str(e))
+        if state.status not in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED) and \
+                state.acting is not None and not single:
+            # One role's failure ends the episode for all: say whose it was.
+            state.info["failed_role"] = state.acting
         await self._cleanup(env, state)
-        await self._reward_stage(task, state.final_answer or "", state)
-        timings = {"episode_s": time.perf_counter() - t0, **state.timings}
-        info = {"reason": state.reason, "turns": state.turns, "flow_id": flow, **state.info}
-        return builder.build(
-            state.reward, state.status, sample_index=sample_index, group_id=group_id,
-            timings=timings, info=info,
-        )
+        if single:
+            role = roles[SINGLE_ROLE]
+            state.reward = role.reward
+            await self._reward_stage(task, role.final_answer or "", state)
+            role.reward = state.reward
+        elapsed = time.perf_counter() - t0
+        out = []
+        for role in roles.values():
+            if not role.trained:
+                continue
+            timings = {"episode_s": elapsed, **state.timings}
+            if role.model_s:
+                timings["model_s"] = role.model_s
+            info = {"reason": state.reason, "turns": role.turns, "flow_id": flow, **state.info}
+            if not single:
+                info.update(role=role.name, roles=list(roles), episode_turns=state.turns)
+            out.append(role.builder.build(
+                role.reward, state.status, sample_index=sample_index, group_id=group_id,
+                timings=timings, info=info))
+        if not out:
+            raise ValueError("the collector's roles train none of the environment's roles "
+                             f"{list(roles)}; set RolePolicy(trained=True) on at least one")
+        return tuple(out)
 
     async def _run_driven(
         self, env: Any, task: Task, seed: int, group_id: str, sample_index: int, flow: int
@@ -236,27 +366,23 @@ class Collector:
                 except EnvError as e:
                     state.fail(e.status, e.kind, str(e))
 
-    async def _loop(self, task, seed, agent, env, builder, state) -> None:
-        cfg, tracer = self.config, self.tracer
-        agent.reset(task)
+    async def _loop(self, task: Task, env: MultiAgentEnvironment, state: "_EpisodeState",
+                    track: str | None) -> None:
+        """The one episode loop: a single-agent environment is its one-role case."""
+        cfg, tracer, roles = self.config, self.tracer, state.roles
+        for role in roles.values():
+            role.agent.reset(task)
         with tracer.span(names.ENV_RESET):
             t = time.perf_counter()
-            observation = await env.reset(task)
+            step = await env.reset(task)
             state.add_time("env_s", t)
-        agent.observe(observation)
-        prompt_ids = builder.start(agent.messages)
-        if builder.num_tokens >= cfg.max_episode_tokens:
-            # Not a limit reached: no episode of this task can start (nothing to train on).
-            state.fail(TrajectoryStatus.MODEL_ERROR, "prompt_too_long",
-                       f"the first prompt is {builder.num_tokens} tokens and "
-                       f"collector.max_episode_tokens={cfg.max_episode_tokens} leaves no room "
-                       "for a reply: raise max_episode_tokens above it (with the engine's and "
-                       "the trainer's max_seq_len) or shorten the system prompt, tool "
-                       "descriptions or first observation")
+        self._deliver(step, roles)
+        name = step.next_role
+        if not self._flush(roles[name], state):
             return
-        params = dataclasses.replace(self.sampling, seed=seed)
         while True:
-            budget = cfg.max_episode_tokens - builder.num_tokens
+            role = roles[name]
+            budget = cfg.max_episode_tokens - role.builder.num_tokens
             if state.turns >= cfg.max_turns:
                 state.status, state.reason = TrajectoryStatus.TRUNCATED, f"max_turns={cfg.max_turns}"
                 return
@@ -264,55 +390,98 @@ class Collector:
                 state.status = TrajectoryStatus.TRUNCATED
                 state.reason = f"max_episode_tokens={cfg.max_episode_tokens}"
                 return
-            call = dataclasses.replace(params, max_tokens=min(params.max_tokens, budget))
-            with tracer.span(names.MODEL_CALL, args={"prompt_tokens": int(len(prompt_ids))}) as span:
+            call = dataclasses.replace(role.params, max_tokens=min(role.params.max_tokens, budget))
+            args = {"prompt_tokens": int(len(role.prompt))}
+            if track is not None:
+                args[names.ARG_ROLE] = name
+            state.acting = name
+            with tracer.span(names.MODEL_CALL, track=None if track is None else f"{track}/{name}",
+                             args=args) as span:
                 t = time.perf_counter()
                 try:
                     async with asyncio.timeout(cfg.model_timeout_s):
-                        completion = await self.engine.generate(
-                            prompt_ids, call, sequence_id=state.sequence_id)
+                        completion = await role.engine.generate(
+                            role.prompt, call, sequence_id=role.sequence_id)
                 except TimeoutError:
                     raise _ModelTimeout from None  # told apart from the episode's own timeout
                 except PromptTooLong as e:
                     # The engine's slot, not the episode budget, ran out: after a turn that is
                     # a full context (the turns so far train); before one, nothing can start.
-                    if state.turns:
+                    if role.turns:
                         state.status, state.reason = TrajectoryStatus.TRUNCATED, "context_full"
                     else:
                         state.fail(TrajectoryStatus.MODEL_ERROR, "prompt_too_long", str(e))
                     return
-                state.add_time("model_s", t)
+                role.model_s += time.perf_counter() - t
                 span.set_arg("generated_tokens", completion.num_tokens)
                 span.set_arg("slot_wait_s", round(completion.queue_time_s, 6))
-            state.sequence_id = completion.sequence_id
+            role.sequence_id = completion.sequence_id
+            role.turns += 1
             state.turns += 1
-            reply = builder.add_completion(completion)
-            action = agent.act(reply)
+            reply = role.builder.add_completion(completion)
+            action = role.agent.act(reply)
             if action.final_answer is not None:
-                state.final_answer = action.final_answer
+                role.final_answer = action.final_answer
             with tracer.span(names.ENV_STEP):
                 t = time.perf_counter()
-                result = await env.step(action)
+                step = await env.step(name, action)
                 state.add_time("env_s", t)
-            builder.record_step(action, result)
-            state.reward += float(result.reward)
-            state.add_metrics(result.info.get("metrics"))
-            if result.done:
-                if result.truncated:
+            state.acting = None
+            own = step.observations.get(name)
+            role.builder.record_step(action, StepResult(
+                observation=own if own is not None else Observation(),
+                reward=step.rewards.get(name, 0.0)))
+            for other, reward in step.rewards.items():
+                roles[other].reward += float(reward)
+            state.add_metrics(step.info.get("metrics"))
+            if step.done:
+                if step.truncated:
                     state.status, state.reason = TrajectoryStatus.TRUNCATED, "env_truncated"
                 return
             if completion.finish_reason.value in ("slot_full",):
                 state.status, state.reason = TrajectoryStatus.TRUNCATED, "context_full"
                 return
-            prompt_ids = builder.add_observation(agent.observe(result.observation))
+            self._deliver(step, roles)
+            name = str(step.next_role)
+            if not self._flush(roles[name], state):
+                return
 
-    async def _cleanup(self, env: Environment, state: "_EpisodeState") -> None:
-        if state.sequence_id is not None:
-            try:
-                self.engine.release(state.sequence_id)
-            except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
-                pass
-            state.sequence_id = None
+    @staticmethod
+    def _deliver(step: RoleStep, roles: dict[str, "_Role"]) -> None:
+        """Each role's new observation becomes messages of its agent, fed at its next turn."""
+        for name, observation in step.observations.items():
+            roles[name].pending.extend(roles[name].agent.observe(observation))
+
+    def _flush(self, role: "_Role", state: "_EpisodeState") -> bool:
+        """Renders what `role` saw since its last turn into the ids it is fed next; False
+        when its first prompt leaves no room for a reply (the episode is over)."""
+        cfg = self.config
+        if role.builder.started:
+            role.prompt = role.builder.add_observation(role.pending)
+            role.pending = []
+            return True
+        role.prompt = role.builder.start(role.agent.messages)
+        role.pending = []
+        if role.builder.num_tokens >= cfg.max_episode_tokens:
+            # Not a limit reached: no episode of this task can start (nothing to train on).
+            state.acting = role.name
+            state.fail(TrajectoryStatus.MODEL_ERROR, "prompt_too_long",
+                       f"the first prompt is {role.builder.num_tokens} tokens and "
+                       f"collector.max_episode_tokens={cfg.max_episode_tokens} leaves no room "
+                       "for a reply: raise max_episode_tokens above it (with the engine's and "
+                       "the trainer's max_seq_len) or shorten the system prompt, tool "
+                       "descriptions or first observation")
+            return False
+        return True
+
+    async def _cleanup(self, env: Any, state: "_EpisodeState") -> None:
+        for holder, engine in [(state, self.engine)] + [(r, r.engine) for r in state.roles.values()]:
+            if holder.sequence_id is not None:
+                try:
+                    engine.release(holder.sequence_id)
+                except Exception:  # noqa: BLE001 - a dead engine has nothing left to release
+                    pass
+                holder.sequence_id = None
         try:
             await bounded(env.close(), self.config.close_timeout_s)
         except Exception:  # noqa: BLE001 - close failures are counted, never fatal
@@ -382,6 +551,9 @@ class _EpisodeState:
     final_answer: str | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    roles: dict[str, "_Role"] = dataclasses.field(default_factory=dict)
+    acting: str | None = None
+    """The role whose model call or step is under way (named when it fails)."""
 
     def fail(self, status: TrajectoryStatus, reason: str, message: str = "") -> None:
         self.status, self.reason = status, reason
@@ -397,3 +569,28 @@ class _EpisodeState:
 
     def add_time(self, key: str, start: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
+
+
+class _RoleError(Exception):
+    """The collector's roles or agent factories do not cover the environment's roles."""
+
+
+@dataclasses.dataclass
+class _Role:
+    """One role of an episode: its agent, token stream and model."""
+
+    name: str
+    agent: Agent
+    builder: TrajectoryBuilder
+    engine: GenerateFn
+    params: SamplingParams
+    trained: bool
+    sequence_id: int | None = None
+    prompt: Any = None
+    """The ids the role is fed at its next turn."""
+    pending: list[Message] = dataclasses.field(default_factory=list)
+    """Messages the role's agent received since its last turn."""
+    reward: float = 0.0
+    turns: int = 0
+    final_answer: str | None = None
+    model_s: float = 0.0

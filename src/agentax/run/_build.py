@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +303,39 @@ def build_suite_for(cfg: RunConfig) -> TaskSuite:
     return TaskSuite(name=cfg.env.factory, train_tasks=train, eval_tasks=held,
                      make_env=make_env, make_agent=make_agent, reward_fn=_reward(cfg.env.reward),
                      demos=demos, tools=tuple(agent.tools or ()))
+
+
+def build_roles(spec: Mapping[str, str], tokenizer: Any) -> dict[str, Any] | None:
+    """`env.roles` / `eval.roles` as the collector's `RolePolicy` mapping (None when empty).
+
+    Raises:
+      ConfigError: a player's path does not resolve, or its factory fails or returns neither a
+        GenerateFn nor a function of the conversation text.
+    """
+    from agentax.run._sections import TRAINED_ROLE
+    from agentax.run._imports import resolve_callable
+    from agentax.rollout import FunctionPolicy, RolePolicy
+
+    if not spec:
+        return None
+    out: dict[str, Any] = {}
+    for role, value in spec.items():
+        if value == TRAINED_ROLE:
+            out[role] = RolePolicy()
+            continue
+        factory = resolve_callable(value, field=f"roles.{role}")
+        try:
+            player = factory()
+        except Exception as e:  # noqa: BLE001 - the user's factory failed: say where
+            raise ConfigError(f"roles.{role}={value} failed when called: {type(e).__name__}: {e}") from None
+        if callable(getattr(player, "generate", None)):
+            out[role] = RolePolicy(engine=player, trained=False)
+        elif callable(player):
+            out[role] = RolePolicy(engine=FunctionPolicy(player, tokenizer), trained=False)
+        else:
+            raise ConfigError(f"roles.{role}={value} returned {type(player).__name__}; expected a "
+                              "GenerateFn (generate/release) or a function (text) -> reply")
+    return out
 
 
 def build_engine(cfg: RunConfig, model: Transformer, tokenizer: Any, *, version: int = 0) -> Engine:

@@ -19,6 +19,7 @@ from typing import Any
 
 from agentax.records import SamplingParams, Task, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector, CollectorConfig, cut_short, episode_seed
+from agentax.run._build import build_roles
 
 __all__ = ["CORE_METRICS", "EvalResult", "aggregate", "episode_metrics", "evaluate", "evaluate_config",
            "task_metric_names"]
@@ -118,6 +119,7 @@ async def evaluate(
     seed: int = 0,
     keep: int = 0,
     split: bool = True,
+    roles: Mapping[str, Any] | None = None,
 ) -> list[EvalResult]:
     """Runs every task once greedily (if `greedy`) and `samples` times sampled.
 
@@ -126,7 +128,9 @@ async def evaluate(
     its contiguous share of the tasks (same seeds as one process would use) and the results
     are combined over all of them (a collective: every process calls this, at the same point
     of the run). `split=False` runs every task here and combines nothing: for an evaluation
-    that overlaps training, whose own collectives run on another thread.
+    that overlaps training, whose own collectives run on another thread. `roles` (role ->
+    `RolePolicy`) plays a multi-agent environment; each episode is scored by its first
+    trained role.
     """
     from agentax.train import gather_objects, local_share
 
@@ -139,7 +143,7 @@ async def evaluate(
     for mode, repeats in modes:
         params = dataclasses.replace(sampling, temperature=0.0) if mode == "greedy" else sampling
         collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, params,
-                              collector_config, reward_fn=suite.reward_fn)
+                              collector_config, reward_fn=suite.reward_fn, roles=roles)
         version = int(getattr(engine, "policy_version", 0))
         t0 = time.perf_counter()
 
@@ -171,4 +175,5 @@ async def evaluate_config(cfg, engine, tokenizer, suite, *, greedy=None, samples
         engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
         collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
         samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
-        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split)
+        seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split,
+        roles=build_roles(e.roles or cfg.env.roles, tokenizer))

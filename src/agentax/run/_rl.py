@@ -16,6 +16,7 @@ from agentax._executors import lower_thread_priority
 from agentax.pipeline import RunFailed
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
+from agentax.run._build import build_roles
 from agentax.run._config import RunConfig
 from agentax.run._console import ConsoleView
 from agentax.run._evaluate import aggregate, episode_metrics, evaluate_config, task_metric_names
@@ -55,7 +56,8 @@ class RLPhase:
         self._task_keys: tuple[str, ...] = ()
         self.hooks = [*self.builtin_hooks(), *hooks]
         collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
-                              cfg.collector, reward_fn=suite.reward_fn)
+                              cfg.collector, reward_fn=suite.reward_fn,
+                              roles=build_roles(cfg.env.roles, tokenizer))
         self.pipeline = Pipeline(collector, guard.trainer(trainer), engine,
                                  list(suite.train_tasks), cfg.pipeline,
                                  on_episode=self._on_episode, on_trained=self._on_trained,

@@ -96,8 +96,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                hooks: Sequence[Hook]) -> dict:
     # gc.freeze() after start-up and after SFT: the run's long-lived objects (modules, model,
     # kernels, demonstrations: ~0.4M) leave the cyclic collector's reach until the run ends;
-    # its full collections scanned them all and stalled the loop: 9 took 1.42 s of a demo
-    # run, 0.47 s with these two freezes (gc.callbacks, 2026-12-03).
+    # otherwise its full collections scan them all and stall the loop (~1 s of a demo run,
+    # seen with gc.callbacks).
     from agentax.train import RLTrainer
 
     # A resume keeps the old config.yaml until its checkpoint is restored (a failed resume

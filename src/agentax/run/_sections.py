@@ -68,6 +68,22 @@ DEMO_AGENT = "agentax.recipes.calculator:make_agent"
 DEMO_TASKS = "agentax.recipes.calculator:tasks"
 DEMO_DEMOS = "agentax.recipes.calculator:demos"
 
+TRAINED_ROLE = "trained"
+
+
+def _check_roles(field: str, roles: Mapping[str, Any]) -> None:
+    if not isinstance(roles, Mapping):
+        raise ConfigError(f"{field} must map role names to 'trained' or a player's "
+                          f"'package.module:callable', got {type(roles).__name__}")
+    for role, spec in roles.items():
+        if not isinstance(spec, str) or (spec != TRAINED_ROLE and ":" not in spec):
+            raise ConfigError(f"{field}.{role}={spec!r} must be 'trained' or a fixed player's "
+                              "'package.module:callable'")
+        if spec != TRAINED_ROLE:
+            _check_path(f"{field}.{role}", spec)
+    if roles and TRAINED_ROLE not in roles.values():
+        raise ConfigError(f"{field} trains no role: set at least one role to 'trained'")
+
 def _check_path(field: str, value: str | None) -> None:
     from agentax.run._imports import is_import_path
 
@@ -94,8 +110,15 @@ class EnvConfig:
     episode's environment in a worker process of its own, killed when a call outlives its
     timeout: a hung call costs its episode, never a thread) or 'thread' (the env thread pool:
     cheaper, but a hung call holds its thread for good). Async environments run on the loop."""
+    roles: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Multi-agent environments: role -> 'trained' (samples from the policy being trained;
+    several trained roles share it, as in self-play, and each yields its own trajectories and
+    GRPO groups) or a fixed player's 'package.module:callable' (called with no arguments, it
+    returns a GenerateFn or a function (conversation text) -> reply; never trained). Empty:
+    every role of the environment trains."""
 
     def __post_init__(self) -> None:
+        _check_roles("env.roles", self.roles)
         if not self.factory:
             raise ConfigError("env.factory is empty: name a callable that returns an Environment")
         _check_path("env.factory", self.factory)
@@ -237,8 +260,13 @@ class EvalConfig:
     """Also evaluate every k RL steps (greedy only); 0 = only before and after training."""
     max_concurrency: int = 32
     """Evaluation episodes in flight at once (each holds an engine slot)."""
+    roles: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Multi-agent environments: the roles during evaluation, as env.roles (e.g. the trained
+    policy against a fixed baseline player); empty = env.roles. An episode is scored by its
+    first trained role (its reward and the environment's metrics)."""
 
     def __post_init__(self) -> None:
+        _check_roles("eval.roles", self.roles)
         if self.samples < 0 or self.every < 0 or self.max_concurrency < 1:
             raise ConfigError("eval.samples and eval.every must be >= 0, eval.max_concurrency >= 1")
 

@@ -95,6 +95,11 @@ def episode_record(traj: Trajectory, tokenizer: Any, *, phase: str, step: int, s
         "messages": [m.to_dict() for m in traj.info.get("messages", ())],
         "turns": [_turn(t, tokenizer) for t in traj.turns],
     }
+    if "role" in traj.info:  # one role's view of a multi-agent episode
+        record["role"] = str(traj.info["role"])
+        record["roles"] = [str(r) for r in traj.info.get("roles", ())]
+        for turn in record["turns"]:
+            turn["role"] = record["role"]
     if group_rewards is not None:
         record["group_rewards"] = [float(r) for r in group_rewards]
     if "error" in traj.info:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import os
 from collections import Counter, defaultdict
 from typing import Any, Mapping
@@ -97,6 +98,9 @@ class DoctorReport:
     dropped_episodes: Mapping[str, int] = dataclasses.field(default_factory=dict)  # reason -> episodes
     dropped_tasks: Mapping[str, int] = dataclasses.field(default_factory=dict)  # all-equal groups by task
     untraced_sft_steps: int = 0  # SFT steps metrics.jsonl logs while the trace has no `sft` span
+    roles: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    """Multi-agent episodes, per role: model_calls, model_s (summed model-call time),
+    generated_tokens, episodes and reward_mean (from the episode spans' role rewards)."""
 
 
 def read_knobs(run_dir: str) -> dict[str, Any]:
@@ -169,11 +173,43 @@ def _episode_shares(trace: TraceData) -> dict[str, float]:
         return {}
     shares: dict[str, float] = defaultdict(float)
     for s in trace.spans:
-        if s.track.startswith(names.EPISODE_TRACK_PREFIX) and s.depth == 1 \
-                and s.name in CATEGORY:
+        # (a multi-agent episode's model calls sit on a track of their role, at its top)
+        if s.track.startswith(names.EPISODE_TRACK_PREFIX) and s.name in CATEGORY \
+                and (s.depth == 1 or names.ARG_ROLE in s.args):
             shares[CATEGORY[s.name]] += s.dur_ns / total
     shares["agent/other"] = max(0.0, 1.0 - sum(shares.values()))
     return dict(shares)
+
+
+def _roles(trace: TraceData) -> dict[str, dict[str, float]]:
+    """Time and reward per role of multi-agent episodes (empty for single-agent runs)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for s in trace.spans:
+        if s.name == names.MODEL_CALL and names.ARG_ROLE in s.args:
+            row = out[str(s.args[names.ARG_ROLE])]
+            row["model_calls"] += 1
+            row["model_s"] += s.dur_ns / 1e9
+            row["generated_tokens"] += float(s.args.get("generated_tokens", 0) or 0)
+        elif s.name == names.EPISODE and names.ARG_ROLE_REWARDS in s.args:
+            rewards = s.args[names.ARG_ROLE_REWARDS]
+            if isinstance(rewards, str):  # a mapping is written as its JSON text
+                try:
+                    rewards = json.loads(rewards)
+                except ValueError:
+                    continue
+            if not isinstance(rewards, Mapping):
+                continue
+            for role, reward in rewards.items():
+                row = out[str(role)]
+                row["episodes"] += 1
+                row["reward_sum"] += float(reward)
+    result = {}
+    for role, row in sorted(out.items()):
+        n = row.pop("reward_sum", 0.0)
+        if row.get("episodes"):
+            row["reward_mean"] = n / row["episodes"]
+        result[role] = dict(row)
+    return result
 
 
 def _dropped(trace: TraceData) -> dict[str, dict[str, int]]:
@@ -272,7 +308,7 @@ def analyze(run_dir: str | os.PathLike, *, bins: int = TIMELINE_BINS) -> DoctorR
         sft_s=sft_ns / 1e9, rl_wall_s=wall / 1e9,
         sft_steps=sum(int(s.args.get("steps", 0) or 0) for s in sft_spans),
         untraced_sft_steps=0 if sft_spans else sum(r.get("phase") == "sft" for r in metrics),
-        **_dropped(trace))
+        roles=_roles(trace), **_dropped(trace))
     bottleneck, verdict, suggestion = decide(fields, by_name, wall)
     equal = fields["dropped_episodes"].get("all_equal_rewards", 0)
     if fields["train_steps"] and equal and equal >= fields["episodes"] / 2:
@@ -336,6 +372,13 @@ def format_report(report: DoctorReport) -> str:
             report.episode_time_shares.items(), key=lambda kv: -kv[1]))
         lines.append(f"  episode time           {shares}")
     lines += _dropped_line(report)
+    if report.roles:
+        lines += ["", "Roles                  model calls  model time   tokens  episodes  reward"]
+        for role, row in report.roles.items():
+            reward = f"{row['reward_mean']:7.3f}" if "reward_mean" in row else "    n/a"
+            lines.append(f"  {role:<22} {int(row.get('model_calls', 0)):9d} "
+                         f"{row.get('model_s', 0.0):9.2f} s {int(row.get('generated_tokens', 0)):8d} "
+                         f"{int(row.get('episodes', 0)):9d} {reward}")
     lines += ["", "Latency (s)                  count      p50      p95      p99      max"]
     for lat in report.latencies:
         lines.append(f"  {lat.name:<22} {lat.count:8d} {lat.p50_s:8.3f} {lat.p95_s:8.3f} "

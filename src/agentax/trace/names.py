@@ -52,6 +52,8 @@ ARG_STATUS = "status"  # on EPISODE: trajectory status (ok, timeout, env_error, 
 ARG_POLICY_VERSION = "policy_version"  # on TRAIN_STEP / WEIGHT_PUBLISH: version after the step
 ARG_STALENESS = "staleness"  # on TRAIN_STEP: max staleness of the consumed groups (fallback)
 ARG_ERROR = "error"  # a span's exception (set by the tracer); on TOOL_CALL: why it failed
+ARG_ROLE = "role"  # on MODEL_CALL of a multi-agent episode: the role that called the model
+ARG_ROLE_REWARDS = "role_rewards"  # on EPISODE of a multi-agent episode: role -> reward
 ARG_OK = "ok"  # on TOOL_CALL: whether the call succeeded (ToolResult.ok)
 
 

@@ -1,0 +1,81 @@
+"""Roles from the outside: env.roles / eval.roles config checks and how they are built,
+transcript records and `agentax show` naming each turn's role, and the doctor's per-role
+table (from the trace's role arguments)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentax.agents import ModelAgent
+from agentax.agents.testing import ScriptedEngine
+from agentax.run._build import build_roles
+from agentax.run._sections import EnvConfig, EvalConfig
+from agentax.cli._show import Filters, conversation, format_header, select
+from agentax.run._transcripts import episode_record
+from agentax.config import ConfigError
+from agentax.envs import MultiAgentEnvironment, RoleStep
+from agentax.records import Observation, SamplingParams, Task
+from agentax.rollout import Collector, CollectorConfig, FunctionPolicy
+from agentax.text import ByteTokenizer
+from agentax.trace import names
+from agentax.trace._reader import SpanRecord, TraceData
+from agentax.trace.doctor import _roles
+
+TOK = ByteTokenizer()
+
+
+def test_role_specs_are_checked_with_the_fix():
+    with pytest.raises(ConfigError, match="env.roles.x='nonsense' must be 'trained'"):
+        EnvConfig(roles={"x": "nonsense"})
+    with pytest.raises(ConfigError, match="eval.roles trains no role"):
+        EvalConfig(roles={"x": "agentax.recipes.selfplay:random_player"})
+    policies = build_roles({"x": "trained", "o": "agentax.recipes.selfplay:random_player"}, TOK)
+    assert policies["x"].trained and policies["x"].engine is None
+    assert not policies["o"].trained and isinstance(policies["o"].engine, FunctionPolicy)
+    assert build_roles({}, TOK) is None
+
+
+class Two(MultiAgentEnvironment):
+    roles = ("a", "b")
+
+    async def _reset(self, task):
+        return RoleStep(observations={"a": Observation(content="go")}, next_role="a")
+
+    async def _step(self, role, action):
+        other = "b" if role == "a" else "a"
+        return RoleStep(observations={other: Observation(content=action.text)},
+                        rewards={role: 1.0 if role == "a" else 0.0},
+                        done=self.num_steps >= 2, next_role=other)
+
+
+def test_transcripts_and_show_name_each_turns_role():
+    collector = Collector(ScriptedEngine(lambda t: "hi", tokenizer=TOK), TOK, Two, ModelAgent,
+                          SamplingParams(max_tokens=8), CollectorConfig(max_episode_tokens=512))
+    trajs = asyncio.run(collector.run_episode_roles(Task(id="t"), seed=0, group_id="g1"))
+    records = [episode_record(t, TOK, phase="train", step=1, segment=0) for t in trajs]
+    assert [r["role"] for r in records] == ["a", "b"] and records[0]["roles"] == ["a", "b"]
+    assert all(turn["role"] == "b" for turn in records[1]["turns"])
+    assert "role b of a/b" in format_header(records[1])
+    assistant = [detail for role, detail, _ in conversation(records[1]) if role == "assistant"]
+    assert assistant and all(d.startswith("role b,") for d in assistant)
+    assert select(records, Filters(role="a")) == [records[0]]
+
+
+def test_doctor_sums_model_time_and_reward_per_role():
+    def span(name, dur, **args):
+        return SpanRecord(name=name, track="episode/g/0", start_ns=0, end_ns=dur, args=args)
+
+    trace = TraceData(spans=(
+        span(names.MODEL_CALL, 2_000_000_000, role="x", generated_tokens=3),
+        span(names.MODEL_CALL, 1_000_000_000, role="o", generated_tokens=2),
+        span(names.MODEL_CALL, 1_000_000_000, role="x", generated_tokens=1),
+        span(names.EPISODE, 5, role_rewards='{"x": 1.0, "o": 0.0}'),
+        span(names.EPISODE, 5, role_rewards='{"x": 0.5, "o": 0.5}'),
+        span(names.MODEL_CALL, 1_000_000_000),  # a single-agent call: no role
+    ), instants=(), counters={})
+    rows = _roles(trace)
+    assert rows["x"] == {"model_calls": 2, "model_s": 3.0, "generated_tokens": 4, "episodes": 2,
+                         "reward_mean": 0.75}
+    assert rows["o"]["reward_mean"] == 0.25 and rows["o"]["model_calls"] == 1
