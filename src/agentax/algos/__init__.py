@@ -3,7 +3,7 @@
 Arrays in, arrays out; no state, no I/O. Token-level arrays are [B, T] with `loss_mask_bt`
 (1 on trained tokens), sequence-level [B], group-level [N, G]. Every loss returns
 `(scalar_loss, metrics)` with metrics a dict of scalar arrays. Advantage estimators live in an
-open registry (`register_advantage`). See docs/algorithms.md.
+open registry (`register_advantage`), and so do policy losses (`register_policy_loss`). See docs/algorithms.md.
 """
 
 from agentax.algos._advantages import (
@@ -19,6 +19,13 @@ from agentax.algos._advantages import (
     rloo_advantages,
 )
 from agentax.algos._chunked import chunked_token_stats, full_token_stats
+from agentax.algos._loss_registry import (
+    POLICY_LOSSES,
+    PolicyLossSpec,
+    policy_loss_names,
+    policy_loss_spec,
+    register_policy_loss,
+)
 from agentax.algos._kl import KL_KINDS, kl_estimate, kl_in_reward, kl_loss
 from agentax.algos._masked import AGG_MODES, aggregate_loss, masked_mean
 from agentax.algos._policy import (
@@ -49,6 +56,8 @@ __all__ = [
     "GROUP_ESTIMATORS",
     "KL_KINDS",
     "OFF_POLICY_MODES",
+    "POLICY_LOSSES",
+    "PolicyLossSpec",
     "advantage_names",
     "advantage_spec",
     "aggregate_loss",
@@ -72,8 +81,11 @@ __all__ = [
     "masked_mean",
     "overlong_penalty",
     "place_sequence_reward",
+    "policy_loss_names",
+    "policy_loss_spec",
     "ppo_policy_loss",
     "register_advantage",
+    "register_policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "token_entropy",

@@ -16,7 +16,7 @@ from agentax.config import ConfigError
 
 __all__ = ["LoRAConfig", "TrainerConfig", "POLICY_LOSSES"]
 
-POLICY_LOSSES = ("ppo", "gspo")
+POLICY_LOSSES = algos.POLICY_LOSSES
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -117,7 +117,9 @@ class TrainerConfig:
     advantage_kwargs: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
     """Knobs of the estimator (grpo: eps, std_ddof; reinforce_pp: gamma; gae: gamma, lam, whiten)."""
     policy_loss: str = "ppo"
-    """'ppo' (clipped surrogate, token level) or 'gspo' (sequence-level ratio)."""
+    """Policy loss by registered name (agentax.algos.register_policy_loss): built-in 'ppo'
+    (clipped surrogate, token level) or 'gspo' (sequence-level ratio); a user's own after its
+    module is imported (run.imports)."""
     clip_eps_low: float = 0.2
     """Lower clip: ratio >= 1 - clip_eps_low (GSPO: use ~3e-4)."""
     clip_eps_high: float | None = None
@@ -175,8 +177,10 @@ class TrainerConfig:
             spec = algos.advantage_spec(self.advantage)
         except ValueError as e:
             raise err(str(e)) from None
-        if self.policy_loss not in POLICY_LOSSES:
-            raise err(f"unknown policy_loss {self.policy_loss!r}; choose one of {POLICY_LOSSES}")
+        try:
+            loss = algos.policy_loss_spec(self.policy_loss)
+        except ValueError as e:
+            raise err(str(e)) from None
         if self.agg_mode not in algos.AGG_MODES:
             raise err(f"unknown agg_mode {self.agg_mode!r}; choose one of {algos.AGG_MODES}")
         if self.kl_estimator not in algos.KL_KINDS:
@@ -184,13 +188,13 @@ class TrainerConfig:
         if self.off_policy not in algos.OFF_POLICY_MODES:
             raise err(f"unknown off_policy {self.off_policy!r}; choose one of "
                       f"{algos.OFF_POLICY_MODES}")
-        if self.policy_loss == "gspo" and self.off_policy != "none":
-            raise err("policy_loss='gspo' has no behaviour-policy correction; set "
-                      "off_policy='none' or use policy_loss='ppo'")
-        if self.pack and (self.agg_mode != "token-mean" or self.policy_loss != "ppo"):
+        if not loss.off_policy and self.off_policy != "none":
+            raise err(f"policy_loss={self.policy_loss!r} has no behaviour-policy correction; "
+                      "set off_policy='none' or use policy_loss='ppo'")
+        if self.pack and (self.agg_mode != "token-mean" or not loss.token_level):
             raise err("pack=True puts several sequences in one row, so per-row (sequence) "
-                      "statistics would mix them: use agg_mode='token-mean' and "
-                      "policy_loss='ppo', or pack=False")
+                      "statistics would mix them: use agg_mode='token-mean' and a token-level "
+                      "policy_loss such as 'ppo', or pack=False")
         if self.kl_in_reward and spec.group_based:
             raise err(f"kl_in_reward=True needs a token-level estimator ('reinforce_pp' or "
                       f"'gae'); {self.advantage!r} uses one reward per sequence: keep the KL "

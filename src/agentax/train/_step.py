@@ -168,14 +168,9 @@ def _loss(params, rest, graphdefs: GraphDefs, batch: Batch, counts, rl: TrainerC
         proximal = jax.lax.stop_gradient(logp)
     common = dict(logp_bt=logp, proximal_logp_bt=proximal, advantages_bt=batch.advantages,
                   loss_mask_bt=mask, clip_eps_low=rl.clip_eps_low, **agg)
-    if rl.policy_loss == "ppo":
-        loss, metrics = algos.ppo_policy_loss(
-            **common, behaviour_logp_bt=batch.behaviour_logprobs,
-            clip_eps_high=rl.clip_eps_high, dual_clip_c=rl.dual_clip_c,
-            off_policy=rl.off_policy, is_cap=rl.is_cap)
-    else:
-        eps_high = rl.clip_eps_low if rl.clip_eps_high is None else rl.clip_eps_high
-        loss, metrics = algos.gspo_policy_loss(**common, clip_eps_high=eps_high)
+    loss, metrics = algos.policy_loss_spec(rl.policy_loss).fn(
+        **common, behaviour_logp_bt=batch.behaviour_logprobs, clip_eps_high=rl.clip_eps_high,
+        dual_clip_c=rl.dual_clip_c, off_policy=rl.off_policy, is_cap=rl.is_cap)
     metrics = dict(metrics)
     if rl.entropy_coef > 0:
         ent_loss, ent = algos.entropy_bonus(entropy_bt=stats["entropy"], loss_mask_bt=mask,
