@@ -1,6 +1,7 @@
 """Testing helpers: scripted stand-ins for a language model and for the engine.
 
-`ScriptedEngine` satisfies the collector's `GenerateFn` (`generate` / `release`), so examples,
+`ScriptedEngine` is an `agentax.contracts.EngineClient` (it answers whole: `stream` yields the
+`Completion` only, and `update_weights` only sets the version it reports), so examples,
 docs and tests run episodes through the real `Collector.run_episode` with canned replies. It
 keeps each engine sequence's tokens like the engine does, can delay or fail a call, report any
 finish reason, and records which sequences are still open (to check that every episode released
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from agentax.contracts import stream_whole
 from agentax.records import Completion, FinishReason, Message, SamplingParams
 
 __all__ = ["ScriptedEngine", "ScriptedModel"]
@@ -76,7 +78,8 @@ class ScriptedEngine:
         return self._script[turn]
 
     async def generate(
-        self, prompt_ids: Any, params: SamplingParams, *, sequence_id: int | None = None
+        self, prompt_ids: Any, params: SamplingParams | None = None, *,
+        sequence_id: int | None = None
     ) -> Completion:
         """The next scripted reply of `sequence_id` (a new sequence when None) as a `Completion`."""
         self.calls += 1
@@ -98,6 +101,7 @@ class ScriptedEngine:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         if finish is FinishReason.EOS:
             ids.append(int(self.tokenizer.eos_token_ids[0]))
+        params = SamplingParams() if params is None else params
         if len(ids) > params.max_tokens:
             ids, finish = ids[: params.max_tokens], FinishReason.LENGTH
         tokens.extend(ids)
@@ -112,10 +116,30 @@ class ScriptedEngine:
             total_time_s=time.perf_counter() - t0,
         )
 
-    def release(self, sequence_id: int) -> None:
+    def stream(self, prompt_ids: Any, params: SamplingParams | None = None, *,
+               sequence_id: int | None = None):
+        """`generate` as a stream of one item (the `Completion`)."""
+        return stream_whole(self, prompt_ids, params, sequence_id=sequence_id)
+
+    def release(self, sequence_id: int | None) -> None:
         """Forgets a sequence (the collector calls this when an episode ends, however it ends)."""
+        if sequence_id is None:
+            return
         self._sequences.pop(sequence_id, None)
         self.released.append(sequence_id)
+
+    def update_weights(self, state: Any, version: int) -> None:
+        """Takes no weights (the script answers); tokens from now on carry `version`."""
+        del state
+        self.version = int(version)
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    def stats(self) -> dict[str, int]:
+        """Calls answered or attempted, and sequences still open."""
+        return {"calls": self.calls, "live_sequences": len(self._sequences)}
 
 
 class ScriptedModel:

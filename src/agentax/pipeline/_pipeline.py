@@ -43,6 +43,7 @@ import numpy as np
 
 from agentax import _aio as aio
 from agentax._executors import set_stage_threads
+from agentax.contracts import EngineClient
 from agentax.pipeline._accounting import Accounting
 from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
 from agentax.pipeline._config import PipelineConfig
@@ -106,7 +107,7 @@ class Pipeline:
         self,
         collector: Collector,
         trainer: Any,
-        engine: Any,
+        engine: EngineClient,
         tasks: Sequence[Task] | Callable[[int], Task],
         config: PipelineConfig = PipelineConfig(),
         *,

@@ -23,10 +23,11 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from agentax._aio import bounded
 from agentax.agents import Agent, TrajectoryBuilder
+from agentax.contracts import GENERATE_FN_MEMBERS, GenerateFn, check_engine_client
 from agentax.engine import PromptTooLong
 from agentax.envs import (
     SINGLE_ROLE,
@@ -38,7 +39,6 @@ from agentax.envs import (
     ensure_async_env,
 )
 from agentax.records import (
-    Completion,
     Message,
     Observation,
     SamplingParams,
@@ -50,16 +50,6 @@ from agentax.records import (
 from agentax.trace import get_tracer, names
 
 __all__ = ["Collector", "CollectorConfig", "GenerateFn", "RolePolicy", "cut_short", "episode_seed"]
-
-
-class GenerateFn(Protocol):
-    """What the collector needs from an engine: `agentax.engine.Engine` satisfies it."""
-
-    async def generate(
-        self, prompt_ids: Any, params: SamplingParams, *, sequence_id: int | None = None
-    ) -> Completion: ...
-
-    def release(self, sequence_id: int) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,9 +104,8 @@ class RolePolicy:
             raise ValueError("RolePolicy(trained=True) samples from the collector's engine: "
                              "leave engine=None, or set trained=False for a role on another "
                              "model")
-        if self.engine is not None and not callable(getattr(self.engine, "generate", None)):
-            raise TypeError(f"RolePolicy.engine must have generate()/release() (a GenerateFn), "
-                            f"got {type(self.engine).__name__}")
+        if self.engine is not None:
+            check_engine_client(self.engine, "RolePolicy.engine", GENERATE_FN_MEMBERS)
 
 
 def episode_seed(run_seed: int, group_index: int, sample_index: int) -> int:
@@ -164,6 +153,7 @@ class Collector:
             if not any(p.trained for p in roles.values()):
                 raise ValueError(f"no role of {sorted(roles)} is trained; set "
                                  "RolePolicy(trained=True) on at least one")
+        check_engine_client(engine, "Collector", GENERATE_FN_MEMBERS)
         self.roles = roles
         self.engine = engine
         self.tokenizer = tokenizer

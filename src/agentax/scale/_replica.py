@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agentax.contracts import stream_whole
 from agentax.records import Completion, SamplingParams
 from agentax.scale._ray import check_feasible as _check_feasible
 from agentax.scale._ray import ensure_ray_initialized, require_ray
@@ -309,6 +310,11 @@ class RayEngineReplica:
     ) -> Completion:
         """`Engine.generate` in the actor (awaitable from any event loop)."""
         return await self.actor.generate.remote(prompt_ids, params, sequence_id)
+
+    def stream(self, prompt_ids: Any, params: SamplingParams | None = None, *,
+               sequence_id: int | None = None):
+        """`generate` as a stream of one item: the actor answers whole."""
+        return stream_whole(self, prompt_ids, params, sequence_id=sequence_id)
 
     def release(self, sequence_id: int | None) -> None:
         """Fire-and-forget release of a sequence."""

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from agentax.contracts import stream_whole
 from agentax.records import Completion, SamplingParams
 from agentax.scale._health import ReplicaWatchdog
 from agentax.scale._weight_sync import WeightSync, WeightSyncConfig, WeightSyncStats, run_failed
@@ -374,6 +375,11 @@ class EngineRouter:
         lines = [short + (f" ({detail})" if i == last else "")
                  for i, (short, detail) in zip(sorted(self._down), parts)]
         return f"all {len(self.replicas)} engine replicas are down: " + "; ".join(lines)
+
+    def stream(self, prompt_ids: Any, params: SamplingParams | None = None, *,
+               sequence_id: int | None = None):
+        """`generate` as a stream of one item: replicas answer whole."""
+        return stream_whole(self, prompt_ids, params, sequence_id=sequence_id)
 
     def release(self, sequence_id: int | None) -> None:
         """Forgets a conversation and frees its KV cache on its replica; unknown ids are ignored."""

@@ -35,6 +35,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from agentax.contracts import EngineClient
 from agentax.records import SamplingParams
 from agentax.serve._http import RequestGate, json_http_protocol
 from agentax.serve._protocol import (
@@ -91,7 +92,7 @@ class ChatServer:
       default_max_tokens: completion length when a serving request gives none.
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, *, model_name: str = "agentax",
+    def __init__(self, engine: EngineClient, tokenizer: Any, *, model_name: str = "agentax",
                  tool_format: str = "hermes", template_kwargs: Mapping[str, Any] | None = None,
                  host: str = "127.0.0.1", port: int = 0, open_sessions: bool = True,
                  max_sessions: int = 1024, max_request_bytes: int = 4 << 20,

@@ -1,0 +1,97 @@
+"""The contracts between agentax's parts, as typing protocols.
+
+`GenerateFn` is what the collector asks of an engine (sample, continue, release: a fixed
+player's `FunctionPolicy` is one too); `EngineClient` adds what the pipeline, the OpenAI
+endpoint and the scale layer ask (stream, weights, version, stats). `agentax.engine.Engine`, `agentax.scale.EngineRouter`,
+`agentax.scale.RayEngineReplica` and `agentax.agents.testing.ScriptedEngine` implement it
+(tests/test_contracts.py checks each against it, member by member), and so may a user's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from agentax.records import Completion, SamplingParams
+
+__all__ = ["ENGINE_CLIENT_MEMBERS", "GENERATE_FN_MEMBERS", "EngineClient", "GenerateFn", "check_engine_client",
+           "stream_whole"]
+
+
+@runtime_checkable
+class GenerateFn(Protocol):
+    """What the collector needs from a model: sample a completion, continue it, release it.
+
+    A conversation is an engine sequence: `generate` without `sequence_id` starts one, and
+    passing a completion's `sequence_id` back continues it with only the new tokens; `release`
+    ends it.
+    """
+
+    async def generate(self, prompt_ids: Sequence[int] | np.ndarray,
+                       params: SamplingParams | None = None, *,
+                       sequence_id: int | None = None) -> Completion:
+        """One completion (a continuation of `sequence_id` when given)."""
+        ...
+
+    def release(self, sequence_id: int | None) -> None:
+        """Forgets a sequence and frees what it holds; unknown ids (and None) are ignored."""
+        ...
+
+
+@runtime_checkable
+class EngineClient(GenerateFn, Protocol):
+    """The front end of an engine: `GenerateFn` plus stream, weights, version and stats.
+
+    Every method is safe to call from the event loop (none blocks it for long).
+    """
+
+    def stream(self, prompt_ids: Sequence[int] | np.ndarray,
+               params: SamplingParams | None = None, *,
+               sequence_id: int | None = None) -> AsyncIterator[Any]:
+        """As `generate`, yielding token chunks as they are sampled, then the `Completion`
+        last (an engine that cannot stream yields only the `Completion`: `stream_whole`)."""
+        ...
+
+    def update_weights(self, state: Any, version: int) -> None:
+        """New weights for tokens sampled from now on, tagged with `version`."""
+        ...
+
+    @property
+    def policy_version(self) -> int:
+        """The version new tokens are sampled with."""
+        ...
+
+    def stats(self) -> Any:
+        """A snapshot of the engine's counters."""
+        ...
+
+
+GENERATE_FN_MEMBERS = ("generate", "release")
+ENGINE_CLIENT_MEMBERS = (*GENERATE_FN_MEMBERS, "stream", "update_weights", "policy_version",
+                         "stats")
+
+
+def check_engine_client(engine: Any, where: str,
+                        members: Sequence[str] = ENGINE_CLIENT_MEMBERS) -> None:
+    """Raises TypeError naming what `engine` lacks of `EngineClient` (`members` of it)."""
+    cls = type(engine)
+    missing = [m for m in members
+               if not (hasattr(cls, m) if m == "policy_version" else callable(getattr(engine, m, None)))]
+    if missing:
+        raise TypeError(f"{where} needs an agentax.contracts.EngineClient (an agentax Engine, "
+                        f"EngineRouter or ScriptedEngine); {cls.__name__} has no "
+                        f"{', '.join(missing)}")
+    gen = getattr(engine, "generate", None)
+    if "generate" in members and not inspect.iscoroutinefunction(gen):
+        raise TypeError(f"{where}: {cls.__name__}.generate must be an async method "
+                        "(`async def generate(prompt_ids, params=None, *, sequence_id=None)`)")
+
+
+async def stream_whole(client: Any, prompt_ids: Sequence[int] | np.ndarray,
+                       params: SamplingParams | None = None, *,
+                       sequence_id: int | None = None) -> AsyncIterator[Any]:
+    """`EngineClient.stream` for an engine that answers whole: yields only the `Completion`."""
+    yield await client.generate(prompt_ids, params, sequence_id=sequence_id)
