@@ -27,6 +27,7 @@ from agentax.contracts import stream_whole
 from agentax.records import Completion, SamplingParams
 from agentax.scale._ray import check_feasible as _check_feasible
 from agentax.scale._ray import ensure_ray_initialized, require_ray
+from agentax.scale._routing import _as_state
 from agentax.scale._weight_sync import _np_dtype
 
 __all__ = ["RayEngineReplica"]
@@ -358,9 +359,3 @@ class RayEngineReplica:
             self._ray.kill(self.actor, no_restart=True)
         except Exception:  # noqa: BLE001
             pass
-
-
-def _as_state(state: Any) -> Any:
-    from flax import nnx  # noqa: PLC0415
-
-    return nnx.state(state) if isinstance(state, nnx.Module) else state
