@@ -17,7 +17,9 @@ from agentax.run._transcripts import episode_record
 from agentax.config import ConfigError
 from agentax.envs import MultiAgentEnvironment, RoleStep
 from agentax.records import Observation, SamplingParams, Task
-from agentax.rollout import Collector, CollectorConfig, FunctionPolicy
+from agentax.pipeline import PipelineConfig
+from agentax.rollout import Collector, CollectorConfig, FunctionPolicy, SnapshotPolicy
+from agentax.run import RunConfig
 from agentax.text import ByteTokenizer
 from agentax.trace import names
 from agentax.trace._reader import SpanRecord, TraceData
@@ -35,6 +37,27 @@ def test_role_specs_are_checked_with_the_fix():
     assert policies["x"].trained and policies["x"].engine is None
     assert not policies["o"].trained and isinstance(policies["o"].engine, FunctionPolicy)
     assert build_roles({}, TOK) is None
+
+
+def test_snapshot_role_specs_are_checked_and_built():
+    for bad in ("snapshot:0", "snapshot:x", "snapshot:"):
+        with pytest.raises(ConfigError, match=r"env.roles.o='snapshot:.*positive whole number"):
+            EnvConfig(roles={"x": "trained", "o": bad})
+    with pytest.raises(ConfigError, match="different periods"):
+        EnvConfig(roles={"x": "trained", "o": "snapshot:2", "p": "snapshot:3"})
+    with pytest.raises(ConfigError, match="trains no role"):
+        EnvConfig(roles={"o": "snapshot:2"})
+    with pytest.raises(ConfigError, match="publish_every=2 .* multiple of 2"):
+        RunConfig(env=EnvConfig(roles={"x": "trained", "o": "snapshot:3"}),
+                  pipeline=PipelineConfig(publish_every=2, max_staleness=1))
+    RunConfig(env=EnvConfig(roles={"x": "trained", "o": "snapshot:4"}),
+              pipeline=PipelineConfig(publish_every=2, max_staleness=1))
+    snapshot = object.__new__(SnapshotPolicy)
+    policies = build_roles({"x": "trained", "o": "snapshot:4"}, TOK, snapshot=snapshot)
+    assert policies["o"].engine is snapshot and not policies["o"].trained
+    # Without the run's snapshot (`agentax eval`): the evaluated policy itself, untrained.
+    alone = build_roles({"x": "trained", "o": "snapshot:4"}, TOK)["o"]
+    assert alone.engine is None and not alone.trained
 
 
 class Two(MultiAgentEnvironment):
