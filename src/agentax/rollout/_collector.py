@@ -199,9 +199,10 @@ class Collector:
         ) as span:
             trajs = await self._run(task, seed, group_id, sample_index, flow, track)
             span.set_arg(names.ARG_STATUS, trajs[0].status.value)
-            if any("role" in t.info for t in trajs):
-                span.set_arg(names.ARG_ROLE_REWARDS, {
-                    str(t.info["role"]): t.reward for t in trajs if "role" in t.info})
+            rewards = trajs[0].info.get("role_rewards") or {  # untrained roles' too
+                str(t.info["role"]): t.reward for t in trajs if "role" in t.info}
+            if rewards:
+                span.set_arg(names.ARG_ROLE_REWARDS, rewards)
             for traj in trajs:
                 self._cuts.record(traj)
             return trajs
@@ -311,7 +312,8 @@ class Collector:
                 timings["model_s"] = role.model_s
             info = {"reason": state.reason, "turns": role.turns, "flow_id": flow, **state.info}
             if not single:
-                info.update(role=role.name, roles=list(roles), episode_turns=state.turns)
+                info.update(role=role.name, roles=list(roles), episode_turns=state.turns,
+                            role_rewards={r.name: r.reward for r in roles.values()})
             out.append(role.builder.build(
                 role.reward, state.status, sample_index=sample_index, group_id=group_id,
                 timings=timings, info=info))
