@@ -30,8 +30,8 @@ class SnapshotPolicy:
       every: RL steps between two advances: at step k*every the snapshot becomes the
         policy of that step, so it lags the trained policy by 0 to every-1 versions.
 
-    Use it as `RolePolicy(engine=snapshot, trained=False)` and pass
-    `publish=snapshot.publisher(publish_into)` to `Pipeline` so it advances. Its tokens carry
+    Use it as `RolePolicy(engine=snapshot, trained=False)` and wrap the pipeline's publish so
+    it advances: `pipeline.publish_fn = snapshot.publisher(pipeline.publish_fn)`. Its tokens carry
     the snapshot's policy version and are never trained on.
     """
 

@@ -14,7 +14,6 @@ import numpy as np
 from agentax import _aio as aio
 from agentax._executors import lower_thread_priority
 from agentax.pipeline import RunFailed
-from agentax.pipeline._placement import publish_into
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
 from agentax.run._build import build_roles, build_snapshot
@@ -62,12 +61,12 @@ class RLPhase:
         collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
                               cfg.collector, reward_fn=suite.reward_fn,
                               roles=build_roles(cfg.env.roles, tokenizer, snapshot=self.snapshot))
-        publish = self.snapshot.publisher(publish_into) if self.snapshot is not None else None
         self.pipeline = Pipeline(collector, guard.trainer(trainer), engine,
                                  list(suite.train_tasks), cfg.pipeline,
                                  on_episode=self._on_episode, on_trained=self._on_trained,
-                                 publish=publish, start_version=start_step,
-                                 start_group=start_group)
+                                 start_version=start_step, start_group=start_group)
+        if self.snapshot is not None:
+            self.pipeline.publish_fn = self.snapshot.publisher(self.pipeline.publish_fn)
         saved = f"`agentax train {rep.run_dir}` continues from the newest checkpoint"
         self.pipeline.on_loop_stuck = lambda error: hard_exit(
             1, f"agentax train: error: {error}; the event loop stayed blocked, so the run exited "

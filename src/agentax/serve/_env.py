@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -90,6 +91,13 @@ def _answer_text(value: Any) -> str:
         except (TypeError, ValueError):
             pass
     return str(value)
+
+def _role_seed(seed: int, index: int) -> int:
+    """A 31-bit seed for role `index` of an episode seeded `seed` (as the collector's
+    `episode_seed(seed, index, 0)`; serve does not import rollout)."""
+    digest = hashlib.blake2b(f"{seed}/{index}/0".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
 
 AGENT_OUTCOMES: Mapping[str, TrajectoryStatus] = {
     "agents.exceptions.MaxTurnsExceeded": TrajectoryStatus.TRUNCATED,
@@ -282,18 +290,16 @@ class OpenAIAgentEnvironment(Environment):
           config: the collector's `CollectorConfig` (timeouts and budgets, per role).
           template_kwargs: chat-template variables of the run.
         """
-        from agentax.rollout import episode_seed
-
         t0 = time.perf_counter()
         server = await shared_server(engine, tokenizer, tool_format=self.tool_format,
                                      template_kwargs=template_kwargs)
         limits = SessionLimits(max_turns=config.max_turns, max_tokens=config.max_episode_tokens,
                                model_timeout_s=config.model_timeout_s)
         names = self.roles or (None,)
-        # Role 0 keeps the episode's seed (as the collector's own multi-agent episodes).
+        # Role 0 keeps the episode's seed; the others get seeds derived from it.
         sessions = {r: server.open_session(limits=limits, sampling=sampling if i == 0 else
-                                           dataclasses.replace(sampling, seed=int(episode_seed(
-                                               sampling.seed or 0, i, 0))))
+                                           dataclasses.replace(sampling, seed=_role_seed(
+                                               sampling.seed or 0, i)))
                     for i, r in enumerate(names)}
         targets = {r: (server.session_url(s), s.id) for r, s in sessions.items()}
         status, reason, info = TrajectoryStatus.OK, "done", {}
