@@ -16,7 +16,7 @@ from agentax.rollout import Collector, CollectorConfig, RolePolicy, SnapshotPoli
 from agentax.text import ByteTokenizer
 
 TOK = ByteTokenizer()
-CFG = EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32)
+CFG = EngineConfig(max_slots=2, max_seq_len=96, prefill_chunk=32)
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)
 PROMPT = np.asarray(TOK.encode("x:1o34x6789", add_special_tokens=False), np.int32)
 
@@ -37,8 +37,9 @@ def models():
 
     from agentax.models import ModelConfig, Transformer
 
-    return Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0)), Transformer(
-        ModelConfig.tiny(), rngs=nnx.Rngs(1))
+    small = ModelConfig.tiny(num_layers=2, hidden_size=64, intermediate_size=128, num_heads=2,
+                             num_kv_heads=1, head_dim=32)
+    return Transformer(small, rngs=nnx.Rngs(0)), Transformer(small, rngs=nnx.Rngs(1))
 
 
 def gen(engine):

@@ -92,6 +92,7 @@ def _answer_text(value: Any) -> str:
             pass
     return str(value)
 
+
 def _role_seed(seed: int, index: int) -> int:
     """A 31-bit seed for role `index` of an episode seeded `seed` (as the collector's
     `episode_seed(seed, index, 0)`; serve does not import rollout)."""
