@@ -1,6 +1,7 @@
 """Several OpenAI-SDK agents in one episode (`OpenAIAgentEnvironment(roles=...)`) through the
 real `Collector` and endpoint: each role's client has a base URL of its own, so its calls land
-in its own trajectory, and the trained roles form per-(task, role) groups as native ones do."""
+in its own trajectory and trace track, and the trained roles form per-(task, role) groups as
+native ones do."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from agentax.pipeline import split_roles
 from agentax.records import Group, SamplingParams, Task, TrajectoryStatus
 from agentax.rollout import Collector, CollectorConfig
 from agentax.serve import OpenAIAgentEnvironment, Reward
+from agentax.trace import get_tracer, names
 
 TASK = Task(id="t1", prompt="What is 2+2?", answer="4")
 CFG = CollectorConfig(max_turns=4, max_episode_tokens=400, model_timeout_s=300, episode_timeout_s=600)
@@ -36,7 +38,13 @@ def run(recording, tok, env_factory, sample_index=0):
 
 def test_each_roles_calls_land_in_its_own_trajectory(recording, tok):
     make = lambda: OpenAIAgentEnvironment(solver_verifier, roles=("solver", "verifier"))  # noqa: E731
+    tracer = get_tracer()
+    tracer.take_events()
     trajs = run(recording, tok, make)
+    # each role's calls on its own track under the episode's, with its role (as native roles)
+    calls = [(e[3], e[5].get(names.ARG_ROLE)) for e in tracer.take_events()
+             if e[0] == 0 and e[4] == names.MODEL_CALL]
+    assert sorted(calls) == [("episode/g/0/solver", "solver"), ("episode/g/0/verifier", "verifier")]
     solver, verifier = trajs
     assert [t.info["role"] for t in trajs] == ["solver", "verifier"]
     assert all(t.status is TrajectoryStatus.OK for t in trajs), [t.info for t in trajs]

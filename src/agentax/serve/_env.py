@@ -298,10 +298,9 @@ class OpenAIAgentEnvironment(Environment):
                                model_timeout_s=config.model_timeout_s)
         names = self.roles or (None,)
         # Role 0 keeps the episode's seed; the others get seeds derived from it.
-        sessions = {r: server.open_session(limits=limits, sampling=sampling if i == 0 else
-                                           dataclasses.replace(sampling, seed=_role_seed(
-                                               sampling.seed or 0, i)))
-                    for i, r in enumerate(names)}
+        sessions = {r: server.open_session(
+            limits=limits, role=r, sampling=sampling if i == 0 else dataclasses.replace(
+                sampling, seed=_role_seed(sampling.seed or 0, i))) for i, r in enumerate(names)}
         targets = {r: (server.session_url(s), s.id) for r, s in sessions.items()}
         status, reason, info = TrajectoryStatus.OK, "done", {}
         returned = None
