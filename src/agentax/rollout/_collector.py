@@ -189,9 +189,10 @@ class Collector:
         ) as span:
             trajs = await self._run(task, seed, group_id, sample_index, flow, track)
             span.set_arg(names.ARG_STATUS, trajs[0].status.value)
-            if any("role" in t.info for t in trajs):
-                span.set_arg(names.ARG_ROLE_REWARDS, {
-                    str(t.info["role"]): t.reward for t in trajs if "role" in t.info})
+            rewards = trajs[0].info.get("role_rewards") or {  # untrained roles' too
+                str(t.info["role"]): t.reward for t in trajs if "role" in t.info}
+            if rewards:
+                span.set_arg(names.ARG_ROLE_REWARDS, rewards)
             for traj in trajs:
                 self._cuts.record(traj)
             return trajs
@@ -248,7 +249,7 @@ class Collector:
             stage = "env_factory"
             made = self.env_factory()
             if hasattr(made, "drive_episode"):
-                return (await self._run_driven(made, task, seed, group_id, sample_index, flow),)
+                return await self._run_driven(made, task, seed, group_id, sample_index, flow)
             env = as_multi_agent(made)
             stage = "agent_factory"
             roles = self._make_roles(env, task, seed)
@@ -301,7 +302,8 @@ class Collector:
                 timings["model_s"] = role.model_s
             info = {"reason": state.reason, "turns": role.turns, "flow_id": flow, **state.info}
             if not single:
-                info.update(role=role.name, roles=list(roles), episode_turns=state.turns)
+                info.update(role=role.name, roles=list(roles), episode_turns=state.turns,
+                            role_rewards={r.name: r.reward for r in roles.values()})
             out.append(role.builder.build(
                 role.reward, state.status, sample_index=sample_index, group_id=group_id,
                 timings=timings, info=info))
@@ -312,39 +314,41 @@ class Collector:
 
     async def _run_driven(
         self, env: Any, task: Task, seed: int, group_id: str, sample_index: int, flow: int
-    ) -> Trajectory:
-        """An environment that calls the model itself (a black-box agent behind the OpenAI
-        endpoint, `agentax.serve.OpenAIAgentEnvironment`) runs the episode within this
-        collector's limits and sampling; the reward stage, cleanup and status are the same."""
+    ) -> tuple[Trajectory, ...]:
+        """An environment that calls the model itself (`agentax.serve.OpenAIAgentEnvironment`:
+        one trajectory, or one per trained role) within the limits, sampling, reward stage."""
         cfg = self.config
         t0 = time.perf_counter()
         params = dataclasses.replace(self.sampling, seed=seed)
         try:
-            # drive_episode enforces episode_timeout_s itself and returns what it recorded;
-            # the margin here only guards against an environment that ignores it.
+            # drive_episode enforces episode_timeout_s; the margin guards against one that won't
             async with asyncio.timeout(cfg.episode_timeout_s + cfg.close_timeout_s):
-                traj = await env.drive_episode(
+                got = await env.drive_episode(
                     self.engine, self.tokenizer, task, sampling=params, config=cfg,
                     template_kwargs=self.template_kwargs)
         except TimeoutError:
-            traj = TrajectoryBuilder(self.tokenizer).build(
+            got = TrajectoryBuilder(self.tokenizer).build(
                 0.0, TrajectoryStatus.TIMEOUT, task_id=task.id, info={"reason": "episode_timeout"})
         except asyncio.CancelledError:
             await self._cleanup(ensure_async_env(env), _EpisodeState())
             raise
         except Exception as e:  # noqa: BLE001 - a broken driver is a typed status
-            traj = TrajectoryBuilder(self.tokenizer).build(
+            got = TrajectoryBuilder(self.tokenizer).build(
                 0.0, TrajectoryStatus.ENV_ERROR, task_id=task.id,
                 info={"reason": type(e).__name__, "error": str(e)[:500]})
-        state = _EpisodeState(status=traj.status, reward=traj.reward)
-        await self._cleanup(ensure_async_env(env), state)
-        await self._reward_stage(task, str(traj.info.get("final_answer", "")), state)
-        return dataclasses.replace(
-            traj, reward=state.reward, status=state.status, group_id=group_id,
-            sample_index=sample_index,
-            timings={"episode_s": time.perf_counter() - t0, **traj.timings},
-            info={**traj.info, "flow_id": flow, **state.info},
-        )
+        trajs = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+        closing = _EpisodeState(status=trajs[0].status)
+        await self._cleanup(ensure_async_env(env), closing)
+        out = []
+        for traj in trajs:
+            state = _EpisodeState(status=traj.status, reward=traj.reward, info=dict(closing.info))
+            await self._reward_stage(task, str(traj.info.get("final_answer", "")), state)
+            out.append(dataclasses.replace(
+                traj, reward=state.reward, status=state.status, group_id=group_id,
+                sample_index=sample_index,
+                timings={"episode_s": time.perf_counter() - t0, **traj.timings},
+                info={**traj.info, "flow_id": flow, **state.info}))
+        return tuple(out)
 
     async def _reward_stage(self, task: Task, final_answer: str, state: "_EpisodeState") -> None:
         """Adds the run's reward function to an episode that ended normally."""

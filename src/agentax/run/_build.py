@@ -305,14 +305,18 @@ def build_suite_for(cfg: RunConfig) -> TaskSuite:
                      demos=demos, tools=tuple(agent.tools or ()))
 
 
-def build_roles(spec: Mapping[str, str], tokenizer: Any) -> dict[str, Any] | None:
+def build_roles(spec: Mapping[str, str], tokenizer: Any, *,
+                snapshot: Any = None) -> dict[str, Any] | None:
     """`env.roles` / `eval.roles` as the collector's `RolePolicy` mapping (None when empty).
+
+    A 'snapshot:N' role plays `snapshot` (the run's `SnapshotPolicy`); without one (an
+    evaluation outside training) it plays the collector's engine, untrained.
 
     Raises:
       ConfigError: a player's path does not resolve, or its factory fails or returns neither a
         GenerateFn nor a function of the conversation text.
     """
-    from agentax.run._sections import TRAINED_ROLE
+    from agentax.run._sections import TRAINED_ROLE, snapshot_every
     from agentax.run._imports import resolve_callable
     from agentax.rollout import FunctionPolicy, RolePolicy
 
@@ -322,6 +326,9 @@ def build_roles(spec: Mapping[str, str], tokenizer: Any) -> dict[str, Any] | Non
     for role, value in spec.items():
         if value == TRAINED_ROLE:
             out[role] = RolePolicy()
+            continue
+        if snapshot_every(value) is not None:
+            out[role] = RolePolicy(engine=snapshot, trained=False)
             continue
         factory = resolve_callable(value, field=f"roles.{role}")
         try:
@@ -336,6 +343,19 @@ def build_roles(spec: Mapping[str, str], tokenizer: Any) -> dict[str, Any] | Non
             raise ConfigError(f"roles.{role}={value} returned {type(player).__name__}; expected a "
                               "GenerateFn (generate/release) or a function (text) -> reply")
     return out
+
+
+def build_snapshot(cfg: RunConfig, trainer: Any, tokenizer: Any, *, version: int = 0) -> Any:
+    """The run's `SnapshotPolicy` when env.roles has a 'snapshot:N' role (else None): an
+    engine of its own (cfg.engine's shape) on the trainer's current weights."""
+    from agentax.run._sections import snapshot_every
+    from agentax.rollout import SnapshotPolicy
+
+    every = next((n for n in map(snapshot_every, cfg.env.roles.values()) if n), None)
+    if every is None:
+        return None
+    return SnapshotPolicy(build_engine(cfg, trainer.export_model(), tokenizer, version=version),
+                          every)
 
 
 def build_engine(cfg: RunConfig, model: Transformer, tokenizer: Any, *, version: int = 0) -> Engine:

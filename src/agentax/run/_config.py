@@ -46,6 +46,7 @@ from agentax.run._sections import (
     SFTConfig,
     TasksConfig,
     TracingConfig,
+    snapshot_every,
 )
 from agentax.run._yaml import (
     _short,
@@ -172,6 +173,12 @@ def validate(cfg: RunConfig) -> None:
     if e.cache_dtype not in (None, "float32", "bfloat16", "float16"):
         raise ConfigError(f"engine.cache_dtype: {e.cache_dtype!r} is not allowed; choose one of "
                           "'float32', 'bfloat16', 'float16' or null (the model's dtype)")
+    every = next((n for n in map(snapshot_every, cfg.env.roles.values()) if n), None)
+    if every is not None and every % p.publish_every:
+        raise ConfigError(
+            f"env.roles has 'snapshot:{every}', but weights are published every "
+            f"pipeline.publish_every={p.publish_every} steps and the snapshot advances at a "
+            f"publish: make N a multiple of {p.publish_every}")
     group_based = algos.advantage_spec(t.advantage).group_based
     if group_based and p.group_size < 2:
         raise ConfigError(

@@ -167,13 +167,13 @@ async def evaluate(
 
 
 async def evaluate_config(cfg, engine, tokenizer, suite, *, greedy=None, samples=None,
-                          split: bool = True) -> list[EvalResult]:
+                          split: bool = True, snapshot: Any = None) -> list[EvalResult]:
     """`evaluate` on the suite's held-out tasks, as the run config's `eval` section says
-    (`greedy` and `samples` override it)."""
+    (`greedy` and `samples` override it; `snapshot`: what a 'snapshot:N' role plays)."""
     e = cfg.eval
     return await evaluate(
         engine, tokenizer, suite, suite.eval_tasks, sampling=cfg.sampling,
         collector_config=cfg.collector, greedy=e.greedy if greedy is None else greedy,
         samples=e.samples if samples is None else samples, max_concurrency=e.max_concurrency,
         seed=cfg.run.seed, keep=cfg.tracing.eval_transcripts, split=split,
-        roles=build_roles(e.roles or cfg.env.roles, tokenizer))
+        roles=build_roles(e.roles or cfg.env.roles, tokenizer, snapshot=snapshot))

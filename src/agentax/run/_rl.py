@@ -16,7 +16,7 @@ from agentax._executors import lower_thread_priority
 from agentax.pipeline import RunFailed
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.rollout import Collector
-from agentax.run._build import build_roles
+from agentax.run._build import build_roles, build_snapshot
 from agentax.run._config import RunConfig
 from agentax.run._console import ConsoleView
 from agentax.run._evaluate import aggregate, episode_metrics, evaluate_config, task_metric_names
@@ -55,13 +55,18 @@ class RLPhase:
         self._view_made = False
         self._task_keys: tuple[str, ...] = ()
         self.hooks = [*self.builtin_hooks(), *hooks]
+        # A 'snapshot:N' role: an engine of its own on the trainer's weights, advanced at
+        # every N-th publish (a resumed run's snapshot restarts from the resumed weights).
+        self.snapshot = build_snapshot(cfg, trainer, tokenizer, version=start_step)
         collector = Collector(engine, tokenizer, suite.make_env, suite.make_agent, cfg.sampling,
                               cfg.collector, reward_fn=suite.reward_fn,
-                              roles=build_roles(cfg.env.roles, tokenizer))
+                              roles=build_roles(cfg.env.roles, tokenizer, snapshot=self.snapshot))
         self.pipeline = Pipeline(collector, guard.trainer(trainer), engine,
                                  list(suite.train_tasks), cfg.pipeline,
                                  on_episode=self._on_episode, on_trained=self._on_trained,
                                  start_version=start_step, start_group=start_group)
+        if self.snapshot is not None:
+            self.pipeline.publish_fn = self.snapshot.publisher(self.pipeline.publish_fn)
         saved = f"`agentax train {rep.run_dir}` continues from the newest checkpoint"
         self.pipeline.on_loop_stuck = lambda error: hard_exit(
             1, f"agentax train: error: {error}; the event loop stayed blocked, so the run exited "
@@ -120,7 +125,8 @@ class RLPhase:
     async def _mid_eval(self, step: int) -> None:
         # Overlaps training, whose collectives run on the trainer's thread: not split.
         results = await evaluate_config(self.cfg, self.engine, self.tokenizer, self.suite,
-                                        greedy=True, samples=0, split=False)
+                                        greedy=True, samples=0, split=False,
+                                        snapshot=self.snapshot)
         for r in results:
             self.rep.log(step, {"phase": "eval_mid", "policy_version": r.policy_version,
                                 **r.to_metrics()})
@@ -154,7 +160,8 @@ class RLPhase:
             self.guard.leave_loop()
 
     async def _evaluate_report(self, step: int, label: str) -> dict:
-        results = await evaluate_config(self.cfg, self.engine, self.tokenizer, self.suite)
+        results = await evaluate_config(self.cfg, self.engine, self.tokenizer, self.suite,
+                                        snapshot=self.snapshot)
         return report_eval(self.rep, step, label, results, self.transcripts)
 
     async def _phase(self) -> Any:
@@ -203,6 +210,8 @@ class RLPhase:
                               f"complete; continue with `agentax train {rep.run_dir}`") from None
         finally:
             self.transcripts.close()
+            if self.snapshot is not None:
+                self.snapshot.shutdown()
         # The whole run, across resumed segments (metrics.jsonl was cut back to the checkpoint
         # this segment resumed from, so its rows are the run's); `segment` is this process's.
         out = self.out

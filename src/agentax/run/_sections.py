@@ -69,20 +69,44 @@ DEMO_TASKS = "agentax.recipes.calculator:tasks"
 DEMO_DEMOS = "agentax.recipes.calculator:demos"
 
 TRAINED_ROLE = "trained"
+SNAPSHOT_ROLE = "snapshot"
+
+
+def snapshot_every(spec: Any) -> int | None:
+    """N of a role spec 'snapshot:N' (None for any other spec); raises ConfigError for a
+    'snapshot:...' whose N is not a positive whole number."""
+    if not isinstance(spec, str) or not spec.startswith(SNAPSHOT_ROLE + ":"):
+        return None
+    n = spec[len(SNAPSHOT_ROLE) + 1:].strip()
+    if not n.isdigit() or int(n) < 1:
+        raise ConfigError(f"{spec!r}: a snapshot role is 'snapshot:N' with N a positive whole "
+                          "number of RL steps between two advances of the snapshot (e.g. "
+                          "'snapshot:4')")
+    return int(n)
 
 
 def _check_roles(field: str, roles: Mapping[str, Any]) -> None:
     if not isinstance(roles, Mapping):
-        raise ConfigError(f"{field} must map role names to 'trained' or a player's "
-                          f"'package.module:callable', got {type(roles).__name__}")
+        raise ConfigError(f"{field} must map role names to 'trained', 'snapshot:N' or a "
+                          f"player's 'package.module:callable', got {type(roles).__name__}")
     for role, spec in roles.items():
+        try:
+            if snapshot_every(spec) is not None:
+                continue
+        except ConfigError as e:
+            raise ConfigError(f"{field}.{role}={e}") from None
         if not isinstance(spec, str) or (spec != TRAINED_ROLE and ":" not in spec):
-            raise ConfigError(f"{field}.{role}={spec!r} must be 'trained' or a fixed player's "
-                              "'package.module:callable'")
+            raise ConfigError(f"{field}.{role}={spec!r} must be 'trained', 'snapshot:N' (a "
+                              "frozen snapshot of the trained policy, advanced every N RL "
+                              "steps) or a fixed player's 'package.module:callable'")
         if spec != TRAINED_ROLE:
             _check_path(f"{field}.{role}", spec)
     if roles and TRAINED_ROLE not in roles.values():
         raise ConfigError(f"{field} trains no role: set at least one role to 'trained'")
+    everies = {snapshot_every(s) for s in roles.values()} - {None}
+    if len(everies) > 1:
+        raise ConfigError(f"{field} has snapshot roles of different periods {sorted(everies)}: "
+                          "the run keeps one snapshot; give them the same 'snapshot:N'")
 
 def _check_path(field: str, value: str | None) -> None:
     from agentax.run._imports import is_import_path
@@ -113,9 +137,11 @@ class EnvConfig:
     roles: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Multi-agent environments: role -> 'trained' (samples from the policy being trained;
     several trained roles share it, as in self-play, and each yields its own trajectories and
-    GRPO groups) or a fixed player's 'package.module:callable' (called with no arguments, it
-    returns a GenerateFn or a function (conversation text) -> reply; never trained). Empty:
-    every role of the environment trains."""
+    GRPO groups), 'snapshot:N' (a frozen snapshot of the trained policy, advanced to the
+    current one every N RL steps; it samples from an engine of its own holding one extra copy
+    of the weights, and never trains) or a fixed player's 'package.module:callable' (called
+    with no arguments, it returns a GenerateFn or a function (conversation text) -> reply;
+    never trained). Empty: every role of the environment trains."""
 
     def __post_init__(self) -> None:
         _check_roles("env.roles", self.roles)
@@ -263,7 +289,9 @@ class EvalConfig:
     roles: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Multi-agent environments: the roles during evaluation, as env.roles (e.g. the trained
     policy against a fixed baseline player); empty = env.roles. An episode is scored by its
-    first trained role (its reward and the environment's metrics)."""
+    first trained role (its reward and the environment's metrics). A 'snapshot:N' role plays
+    the run's snapshot during training (when env.roles has one), elsewhere (`agentax eval`)
+    the evaluated policy itself, untrained."""
 
     def __post_init__(self) -> None:
         _check_roles("eval.roles", self.roles)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -90,6 +91,14 @@ def _answer_text(value: Any) -> str:
         except (TypeError, ValueError):
             pass
     return str(value)
+
+
+def _role_seed(seed: int, index: int) -> int:
+    """A 31-bit seed for role `index` of an episode seeded `seed` (as the collector's
+    `episode_seed(seed, index, 0)`; serve does not import rollout)."""
+    digest = hashlib.blake2b(f"{seed}/{index}/0".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
 
 AGENT_OUTCOMES: Mapping[str, TrajectoryStatus] = {
     "agents.exceptions.MaxTurnsExceeded": TrajectoryStatus.TRUNCATED,
@@ -212,6 +221,14 @@ class OpenAIAgentEnvironment(Environment):
       outcomes: exceptions (classes, or qualified class names) that end an episode with the
         given status instead of ENV_ERROR, added to `AGENT_OUTCOMES` (a status of None removes
         a default).
+      roles: several agents in one episode (e.g. ("solver", "verifier")): each role gets a
+        session of its own (its own base URL, `.../s/{session}/v1`, so its calls are its own
+        token stream), `run` gets a mapping role -> `openai.AsyncOpenAI` (a `command`, the
+        JSON `AGENTAX_ROLES` = {role: {"base_url", "api_key"}}), and the episode yields one
+        trajectory per trained role, grouped per (task, role) as the collector's own
+        multi-agent episodes. Every role samples from the trained policy; `run` may return
+        {role: Reward(x)}, a role's agent may POST its own reward. Limits are per role.
+      trained_roles: the roles whose trajectories train (default: all of `roles`).
     """
 
     reset_timeout_s = None
@@ -221,10 +238,19 @@ class OpenAIAgentEnvironment(Environment):
                  reward_fn: Callable[[Task, str], Any] | None = None, tool_format: str = "hermes",
                  model: str = "agentax",
                  outcomes: Mapping[type[BaseException] | str, TrajectoryStatus | None] | None = None,
+                 roles: Sequence[str] = (), trained_roles: Sequence[str] | None = None,
                  ) -> None:
         super().__init__()
         if (run is None) == (command is None):
             raise ValueError("OpenAIAgentEnvironment needs exactly one of run=async fn or command=[argv]")
+        self.roles = tuple(str(r) for r in roles)
+        if len(set(self.roles)) != len(self.roles):
+            raise ValueError(f"OpenAIAgentEnvironment roles must be distinct, got {self.roles}")
+        self.trained_roles = self.roles if trained_roles is None else tuple(trained_roles)
+        unknown = set(self.trained_roles) - set(self.roles)
+        if unknown or (self.roles and not self.trained_roles):
+            raise ValueError(f"trained_roles={list(self.trained_roles)} must name at least one "
+                             f"of roles={list(self.roles)}")
         if run is not None and not asyncio.iscoroutinefunction(run):
             raise TypeError("run must be an async function: async def run(client, task)")
         self.run_fn, self.command = run, list(command) if command else None
@@ -251,14 +277,18 @@ class OpenAIAgentEnvironment(Environment):
 
     async def drive_episode(self, engine: Any, tokenizer: Any, task: Task, *,
                             sampling: SamplingParams, config: Any,
-                            template_kwargs: Mapping[str, Any] | None = None) -> Trajectory:
-        """Runs the agent against a fresh session; never raises except on cancellation.
+                            template_kwargs: Mapping[str, Any] | None = None
+                            ) -> Trajectory | tuple[Trajectory, ...]:
+        """Runs the agent against fresh sessions; never raises except on cancellation.
+
+        One session (one trajectory) per role: with `roles`, the trajectories of the trained
+        roles, in `roles` order, each with `info["role"]`; without, the one trajectory.
 
         Args:
           engine / tokenizer: the run's engine and tokenizer.
           task: the episode's task.
           sampling: the run's sampling with this episode's seed (governs every call).
-          config: the collector's `CollectorConfig` (timeouts and budgets).
+          config: the collector's `CollectorConfig` (timeouts and budgets, per role).
           template_kwargs: chat-template variables of the run.
         """
         t0 = time.perf_counter()
@@ -266,55 +296,77 @@ class OpenAIAgentEnvironment(Environment):
                                      template_kwargs=template_kwargs)
         limits = SessionLimits(max_turns=config.max_turns, max_tokens=config.max_episode_tokens,
                                model_timeout_s=config.model_timeout_s)
-        session = server.open_session(sampling=sampling, limits=limits)
+        names = self.roles or (None,)
+        # Role 0 keeps the episode's seed; the others get seeds derived from it.
+        sessions = {r: server.open_session(
+            limits=limits, role=r, sampling=sampling if i == 0 else dataclasses.replace(
+                sampling, seed=_role_seed(sampling.seed or 0, i))) for i, r in enumerate(names)}
+        targets = {r: (server.session_url(s), s.id) for r, s in sessions.items()}
         status, reason, info = TrajectoryStatus.OK, "done", {}
         returned = None
         try:
             returned = await asyncio.wait_for(
-                self._run_agent(server.session_url(session), session.id, task, config,
-                                endpoint=(server.host, server.port)), config.episode_timeout_s)
+                self._run_agent(targets, task, config, endpoint=(server.host, server.port)),
+                config.episode_timeout_s)
         except TimeoutError:
             status, reason = TrajectoryStatus.TIMEOUT, "episode_timeout"
         except Exception as e:  # noqa: BLE001 - the agent's own failure is the episode's status
-            status, reason = self._raised(e, session.rejected)
+            status, reason = self._raised(
+                e, next((s.rejected for s in sessions.values() if s.rejected is not None), None))
             info["error"] = f"{type(e).__name__}: {e}"[:500]
         finally:
-            server.close_session(session)
-        if session.timed_out and status != TrajectoryStatus.TIMEOUT:
+            for session in sessions.values():
+                server.close_session(session)
+        every = list(sessions.values())
+        calls = sum(s.counts["calls"] for s in every)
+        too_long = next((s.prompt_too_long for s in every if s.prompt_too_long), None)
+        truncated = next((s.truncated for s in every if s.truncated), None)
+        if any(s.timed_out for s in every) and status != TrajectoryStatus.TIMEOUT:
             status, reason = TrajectoryStatus.TIMEOUT, "model_timeout"
-        elif session.prompt_too_long and not session.counts["calls"]:
+        elif too_long and not calls:
             # No reply was possible: nothing to train (as the collector's own episodes).
             status, reason = TrajectoryStatus.MODEL_ERROR, "prompt_too_long"
-            info["error"] = session.prompt_too_long
-        elif session.truncated and status in (TrajectoryStatus.OK, TrajectoryStatus.ENV_ERROR):
-            status, reason = TrajectoryStatus.TRUNCATED, session.truncated
-        if status == TrajectoryStatus.OK and not session.counts["calls"]:
+            info["error"] = too_long
+        elif truncated and status in (TrajectoryStatus.OK, TrajectoryStatus.ENV_ERROR):
+            status, reason = TrajectoryStatus.TRUNCATED, truncated
+        if status == TrajectoryStatus.OK and not calls:
             status, reason = TrajectoryStatus.ENV_ERROR, "no_model_call"
-        explicit, answer = None, None
+        explicit, answer, per_role = None, None, {}
         if isinstance(returned, Reward):
             explicit = returned.value
+        elif (self.roles and isinstance(returned, Mapping) and returned
+              and all(isinstance(v, Reward) for v in returned.values())):
+            per_role = {str(r): v.value for r, v in returned.items()}
         elif returned is not None:
             answer = _answer_text(returned)
             info["final_answer"] = answer
             info["agent_returned"] = f"{type(returned).__name__}: {answer[:500]}"
-        reward = 0.0
-        try:
-            if explicit is not None:
-                reward = explicit
-            elif session.reward is not None:
-                reward = session.reward
-            elif self.reward_fn is not None and status in (TrajectoryStatus.OK, TrajectoryStatus.TRUNCATED):
-                reward = await compute_reward(self.reward_fn, task,
-                                              session.final_answer if answer is None else answer,
-                                              timeout_s=config.reward_timeout_s)
-            elif answer is not None:
-                self._warn_unscored(returned, answer)
-        except Exception as e:  # noqa: BLE001 - a bad reward is a typed status, not a crash
-            status, reason = TrajectoryStatus.REWARD_ERROR, "reward_error"
-            info["error"] = f"{type(e).__name__}: {e}"[:500]
-        return session.trajectory(reward, status, task_id=task.id,
-                                  info={"reason": reason, "turns": session.counts["calls"], **info},
-                                  timings={"agent_s": time.perf_counter() - t0})
+        out = []
+        for role, session in sessions.items():
+            if self.roles and role not in self.trained_roles:
+                continue
+            own, role_status, role_info = 0.0, status, dict(info)
+            try:
+                if per_role or explicit is not None:
+                    own = per_role.get(role, 0.0) if per_role else explicit
+                elif session.reward is not None:
+                    own = session.reward
+                elif self.reward_fn is not None and status in (TrajectoryStatus.OK,
+                                                               TrajectoryStatus.TRUNCATED):
+                    own = await compute_reward(
+                        self.reward_fn, task, session.final_answer if answer is None else answer,
+                        timeout_s=config.reward_timeout_s)
+                elif answer is not None:
+                    self._warn_unscored(returned, answer)
+            except Exception as e:  # noqa: BLE001 - a bad reward is a typed status, not a crash
+                role_status, role_info["reason"] = TrajectoryStatus.REWARD_ERROR, "reward_error"
+                role_info["error"] = f"{type(e).__name__}: {e}"[:500]
+            role_info = {"reason": reason, "turns": session.counts["calls"], **role_info}
+            if role is not None:
+                role_info.update(role=role, roles=list(names), episode_turns=calls)
+            out.append(session.trajectory(own, role_status, task_id=task.id, info=role_info,
+                                          timings={"agent_s": time.perf_counter() - t0}))
+        return tuple(out) if self.roles else out[0]
 
     def agent_name(self) -> str:
         """The agent, as a person would look it up: `module.function` or the command line."""
@@ -344,18 +396,25 @@ class OpenAIAgentEnvironment(Environment):
             return TrajectoryStatus.OK, f"reply_rejected:{rejected}"
         return TrajectoryStatus.ENV_ERROR, "agent_error"
 
-    async def _run_agent(self, base_url: str, api_key: str, task: Task, config: Any,
-                         endpoint: tuple[str, int] | None = None) -> Any:
+    async def _run_agent(self, targets: Mapping[str | None, tuple[str, str]], task: Task,
+                         config: Any, endpoint: tuple[str, int] | None = None) -> Any:
+        """Runs the agent; `targets`: role (None without roles) -> (base URL, API key)."""
         if self.run_fn is not None:
             shared = _shared_client_state()
-            client = shared.client(base_url, api_key, config.model_timeout_s, endpoint=endpoint)
+            clients = {r: shared.client(url, key, config.model_timeout_s, endpoint=endpoint)
+                       for r, (url, key) in targets.items()}
             try:
-                return await self.run_fn(client, task)
+                return await self.run_fn(clients if self.roles else clients[None], task)
             finally:
-                shared.learn(client)
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
+                for client in clients.values():
+                    shared.learn(client)
+        url, key = next(iter(targets.values()))
+        env = {**os.environ, "OPENAI_BASE_URL": url, "OPENAI_API_KEY": key,
                "AGENTAX_TASK": json.dumps({"id": task.id, "prompt": task.prompt, "answer": task.answer,
                                            "meta": dict(task.meta)}, default=str)}
+        if self.roles:
+            env["AGENTAX_ROLES"] = json.dumps({r: {"base_url": u, "api_key": k}
+                                               for r, (u, k) in targets.items()})
         proc = await asyncio.create_subprocess_exec(*self.command, env=env,
                                                     stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.PIPE)

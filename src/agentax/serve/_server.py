@@ -193,12 +193,14 @@ class ChatServer:
     # ------------------------------------------------------------------ sessions
 
     def open_session(self, *, sampling: SamplingParams | None = None,
-                     limits: SessionLimits = SessionLimits()) -> Session:
-        """A new session with a fresh unguessable id; its base URL is `session_url(session)`."""
+                     limits: SessionLimits = SessionLimits(), role: str | None = None) -> Session:
+        """A new session with a fresh unguessable id; its base URL is `session_url(session)`
+        (`role`: the episode role whose calls it serves, traced on that role's track)."""
         sid = f"{self._prefix}{secrets.token_urlsafe(9)}"
         session = Session(sid, self.engine, self.tokenizer, tool_format=self.tool_format,
                           template_kwargs=self.template_kwargs, sampling=sampling, limits=limits,
-                          default_max_tokens=self.default_max_tokens, context_hint=self.context_hint)
+                          default_max_tokens=self.default_max_tokens, context_hint=self.context_hint,
+                          role=role)
         self._sessions[sid] = session
         return session
 

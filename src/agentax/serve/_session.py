@@ -99,8 +99,10 @@ class Session:
                  template_kwargs: Mapping[str, Any] | None = None,
                  sampling: SamplingParams | None = None, limits: SessionLimits = SessionLimits(),
                  default_max_tokens: int = 256,
-                 context_hint: str = "raise EngineConfig.max_seq_len") -> None:
+                 context_hint: str = "raise EngineConfig.max_seq_len",
+                 role: str | None = None) -> None:
         self.id = session_id
+        self.role = role
         self.context_hint = context_hint
         self.engine, self.tokenizer = engine, tokenizer
         self.tool_format = tool_format
@@ -133,9 +135,13 @@ class Session:
         # A training session is opened inside its episode's span: its model calls are traced
         # on that episode's track, as the collector's own, so `agentax doctor` counts them as
         # the episode's model time (the HTTP handler that runs them is another task).
+        # A role's session (several agents in one episode): its own track under the
+        # episode's, `episode/<group>/<sample>/<role>`, as the collector's roles.
         track = get_tracer().current_track()
         self._trace_track = track if isinstance(track, str) and track.startswith(
             names.EPISODE_TRACK_PREFIX) else None
+        if self._trace_track is not None and role is not None:
+            self._trace_track = f"{self._trace_track}/{role}"
         self._counts = {"calls": 0, "segment_breaks": 0, "parse_errors": 0, "sampling_overridden": 0}
 
     # ------------------------------------------------------------------ requests
@@ -190,8 +196,10 @@ class Session:
                     completions = await self._generate(prompt_ids, params, req.n, context,
                                                        deltas, on_delta)
                 else:
-                    with get_tracer().span(names.MODEL_CALL, track=self._trace_track,
-                                           args={"prompt_tokens": int(len(prompt_ids))}):
+                    args: dict[str, Any] = {"prompt_tokens": int(len(prompt_ids))}
+                    if self.role is not None:
+                        args[names.ARG_ROLE] = self.role
+                    with get_tracer().span(names.MODEL_CALL, track=self._trace_track, args=args):
                         completions = await self._generate(prompt_ids, params, req.n, context,
                                                            deltas, on_delta)
             except BaseException:
