@@ -12,6 +12,7 @@ from agentax.agents.testing import ScriptedEngine
 from agentax.contracts import (
     ENGINE_CLIENT_MEMBERS,
     EngineClient,
+    EpisodeDriver,
     GenerateFn,
     check_engine_client,
 )
@@ -77,3 +78,13 @@ def test_a_collector_given_something_else_names_what_it_lacks():
     with pytest.raises(TypeError, match="has no generate, release, stream"):
         check_engine_client(object(), "ChatServer")
     check_engine_client(FunctionPolicy(str, TOK), "RolePolicy.engine", ("generate", "release"))
+
+
+def test_the_black_box_environment_is_the_episode_driver_the_collector_dispatches_on():
+    from agentax.envs import TaskEnvironment
+    from agentax.serve import OpenAIAgentEnvironment
+
+    assert issubclass(OpenAIAgentEnvironment, EpisodeDriver)
+    assert not issubclass(TaskEnvironment, EpisodeDriver)
+    sig = inspect.signature(OpenAIAgentEnvironment.drive_episode)
+    assert list(sig.parameters) == list(inspect.signature(EpisodeDriver.drive_episode).parameters)

@@ -2,7 +2,10 @@
 
 `GenerateFn` is what the collector asks of an engine (sample, continue, release: a fixed
 player's `FunctionPolicy` is one too); `EngineClient` adds what the pipeline, the OpenAI
-endpoint and the scale layer ask (stream, weights, version, stats). `agentax.engine.Engine`, `agentax.scale.EngineRouter`,
+endpoint and the scale layer ask (stream, weights, version, stats). `EpisodeDriver` is an
+environment that runs the model calls of its episode itself (a black-box agent through the
+OpenAI endpoint, `agentax.serve.OpenAIAgentEnvironment`): the collector hands it the engine and
+its limits, and keeps the episode's deadline, cancellation, cleanup and run reward stage. `agentax.engine.Engine`, `agentax.scale.EngineRouter`,
 `agentax.scale.RayEngineReplica` and `agentax.agents.testing.ScriptedEngine` implement it
 (tests/test_contracts.py checks each against it, member by member), and so may a user's own.
 """
@@ -17,7 +20,8 @@ import numpy as np
 
 from agentax.records import Completion, SamplingParams
 
-__all__ = ["ENGINE_CLIENT_MEMBERS", "GENERATE_FN_MEMBERS", "EngineClient", "GenerateFn", "check_engine_client",
+__all__ = ["ENGINE_CLIENT_MEMBERS", "GENERATE_FN_MEMBERS", "EngineClient", "EpisodeDriver",
+           "GenerateFn", "check_engine_client",
            "stream_whole"]
 
 
@@ -66,6 +70,23 @@ class EngineClient(GenerateFn, Protocol):
 
     def stats(self) -> Any:
         """A snapshot of the engine's counters."""
+        ...
+
+
+@runtime_checkable
+class EpisodeDriver(Protocol):
+    """An environment whose episode makes its own model calls through `engine`.
+
+    The collector runs one episode of it as it runs an agent/environment pair: it sets the
+    episode's deadline (`config.episode_timeout_s`, with `config.close_timeout_s` of grace),
+    cancels it, closes the environment and adds the run's reward stage; the driver applies
+    the per-call limits of `config` (turns, tokens, model timeout) to its calls.
+    """
+
+    async def drive_episode(self, engine: Any, tokenizer: Any, task: Any, *,
+                            sampling: SamplingParams, config: Any,
+                            template_kwargs: Any = None) -> Any:
+        """The episode's trajectory, or one per trained role; never raises but on cancel."""
         ...
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from agentax._aio import bounded
 from agentax.agents import Agent, TrajectoryBuilder
-from agentax.contracts import GENERATE_FN_MEMBERS, GenerateFn, check_engine_client
+from agentax.contracts import GENERATE_FN_MEMBERS, EpisodeDriver, GenerateFn, check_engine_client
 from agentax.engine import PromptTooLong
 from agentax.envs import (
     SINGLE_ROLE,
@@ -248,7 +248,7 @@ class Collector:
         try:  # user code: a factory that raises (now, not at the start-up check) is a status
             stage = "env_factory"
             made = self.env_factory()
-            if hasattr(made, "drive_episode"):
+            if isinstance(made, EpisodeDriver):
                 return await self._run_driven(made, task, seed, group_id, sample_index, flow)
             env = as_multi_agent(made)
             stage = "agent_factory"

@@ -194,9 +194,10 @@ def _is_sync_env(env: Any) -> bool:
     """A plain object with synchronous reset/step (not an Environment, not an episode driver)."""
     import inspect
 
+    from agentax.contracts import EpisodeDriver
     from agentax.envs import Environment
 
-    return not isinstance(env, Environment) and not hasattr(env, "drive_episode") and not (
+    return not isinstance(env, (Environment, EpisodeDriver)) and not (
         inspect.iscoroutinefunction(env.reset) and inspect.iscoroutinefunction(env.step))
 
 

@@ -305,9 +305,11 @@ class OpenAIAgentEnvironment(Environment):
         status, reason, info = TrajectoryStatus.OK, "done", {}
         returned = None
         try:
-            returned = await asyncio.wait_for(
-                self._run_agent(targets, task, config, endpoint=(server.host, server.port)),
-                config.episode_timeout_s)
+            # asyncio.timeout, as the collector's own episodes (wait_for's inner task could
+            # leave an exception never retrieved when the episode is cancelled as it fails)
+            async with asyncio.timeout(config.episode_timeout_s):
+                returned = await self._run_agent(targets, task, config,
+                                                 endpoint=(server.host, server.port))
         except TimeoutError:
             status, reason = TrajectoryStatus.TIMEOUT, "episode_timeout"
         except Exception as e:  # noqa: BLE001 - the agent's own failure is the episode's status
