@@ -1,10 +1,11 @@
 """SWE-smith-style task generation from a real package's source and its own test suite, offline.
 
 Given a package's source tree (an sdist) and the command that runs its tests, `make_instances`
-runs the suite once in the sandbox, then for candidate mutations of one function at a time
+runs the suite in the sandbox, then for candidate mutations of one function at a time
 (operator swap, off-by-one, removed branch, changed constant; found with `ast`, applied to the
 source text of one expression or statement so the diff stays one hunk) runs the suite again
-and keeps a mutation only if some tests that passed now fail. Each kept mutation becomes a
+and keeps a mutation only if some tests that passed now fail, the same tests in every one of
+`repeats` runs (a bug whose effect is random makes an instance that scores at random). Each kept mutation becomes a
 SWE-bench-format instance: the bug is the instance's `snapshot_patch` (applied to the sdist to
 make its base state), FAIL_TO_PASS are the tests it breaks, PASS_TO_PASS a sample of the rest,
 and the gold `patch` is the reverse diff. An instance is kept only after the same scoring as
@@ -210,6 +211,7 @@ async def make_instances(
     concurrency: int = 2,
     seed: int = 0,
     timeout_s: float = 120.0,
+    repeats: int = 3,
     config: SandboxConfig = SCORING_SANDBOX,
     log: Callable[[str], None] = print,
 ) -> list[SWEInstance]:
@@ -227,13 +229,19 @@ async def make_instances(
       pass_to_pass: PASS_TO_PASS tests sampled per instance.
       concurrency: sandboxes at once.
       seed: the order in which candidates are tried and the PASS_TO_PASS sample.
+      repeats: runs of the unmodified suite and of each mutated one. Only tests that pass in
+        every unmodified run are used, and a mutation is kept only when every run fails the
+        same tests: a bug whose effect is random (cachetools' RRCache evicts with
+        `random.choice`, so a broken `__delitem__` fails `test_getsizeof_subclass` only in some
+        runs) makes an instance whose empty patch sometimes resolves.
     """
     template = SWEInstance(instance_id=f"{package}__template", repo=f"pypi/{package}", problem_statement="",
                            patch="", FAIL_TO_PASS=("-",), snapshot=snapshot, environment_setup=environment_setup,
                            test_cmd=test_cmd, timeout_s=timeout_s)
     base = snapshots.path(template)
-    baseline, _ = await _run_suite(base, template, None, config)
-    passing = sorted(t for t, s in baseline.items() if s == "PASSED")
+    repeats = max(1, repeats)
+    baselines = [(await _run_suite(base, template, None, config))[0] for _ in range(repeats)]
+    passing = sorted(t for t in baselines[0] if all(b.get(t) == "PASSED" for b in baselines))
     if not passing:
         raise RuntimeError(f"{package}: no test passes on the unmodified source; check test_cmd / environment_setup")
     log(f"{package}: {len(passing)} tests pass on the unmodified source")
@@ -259,6 +267,11 @@ async def make_instances(
             failing = [t for t in passing if statuses.get(t) not in ("PASSED", "XFAIL")]
             if not failing or len(failing) > max_fail_to_pass or not statuses:
                 return None
+            for _ in range(repeats - 1):
+                again, _ = await _run_suite(base, template, (m.path, m.mutated), config)
+                if not again or [t for t in passing if again.get(t) not in ("PASSED", "XFAIL")] != failing:
+                    log(f"  dropped {package}__{m.function}__{m.kind}__L{m.line}: its failing tests vary between runs")
+                    return None
             rest = [t for t in passing if t not in failing]
             p2p = sorted(random.Random(f"{seed}/{m.path}/{m.line}").sample(rest, min(pass_to_pass, len(rest))))
             inst = dataclasses.replace(

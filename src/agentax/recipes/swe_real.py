@@ -87,13 +87,20 @@ def make_agent(*, list_tools: bool = False, system_prompt: str | None = "") -> C
     return CompactSWEAgent(list_tools=list_tools, system_prompt=system_prompt)
 
 
-def tasks(*, num_train: int, num_eval: int, seed: int,
-          instructions: bool = False) -> tuple[list[Task], list[Task]]:
+def tasks(*, num_train: int, num_eval: int, seed: int, instructions: bool = False,
+          packages: Sequence[str] | None = None) -> tuple[list[Task], list[Task]]:
     """The shipped instances as issue prompts; a seeded shuffle, the first `num_eval` held out.
 
     `instructions`: put `swebench_tasks`' instructions before the issue (a real checkpoint reads
-    them; for the byte-level model every byte is a token)."""
+    them; for the byte-level model every byte is a token). `packages`: only these packages'
+    instances (names from `PACKAGES`; None: all)."""
     insts = instances()
+    if packages is not None:
+        known = {p["package"] for p in PACKAGES}
+        unknown = sorted(set(packages) - known)
+        if unknown:
+            raise ValueError(f"unknown packages {unknown}; the instances come from {sorted(known)}")
+        insts = [i for i in insts if i.repo.removeprefix("pypi/") in set(packages)]
     random.Random(seed).shuffle(insts)
     evals, train = insts[:num_eval], insts[num_eval:]
     if num_train:
