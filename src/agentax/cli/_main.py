@@ -85,8 +85,19 @@ def _cmd_train(args) -> int:
                                      timeout_s=args.join_timeout)
     main_process = is_main_process() if several else True
     results_out = _stdout_for_results() if several else None
-    cfg, resume_dir = _load(args, "train")
-    result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
+    try:
+        cfg, resume_dir = _load(args, "train")
+        result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
+    except BaseException as e:
+        if several:  # the other processes stop now instead of waiting for this one
+            from agentax.train._liveness import fail
+
+            fail(type(e).__name__)
+        raise
+    if several:
+        from agentax.train._liveness import leave
+
+        leave()
     if main_process:
         _print_summary(dict(result.summary), file=results_out)
     return 0
