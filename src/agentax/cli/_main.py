@@ -90,14 +90,14 @@ def _cmd_train(args) -> int:
         result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
     except BaseException as e:
         if several:  # the other processes stop now instead of waiting for this one
-            from agentax.train._liveness import fail
+            from agentax.train import fail_job
 
-            fail(type(e).__name__)
+            fail_job(type(e).__name__)
         raise
     if several:
-        from agentax.train._liveness import leave
+        from agentax.train import leave_job
 
-        leave()
+        leave_job()
     if main_process:
         _print_summary(dict(result.summary), file=results_out)
     return 0

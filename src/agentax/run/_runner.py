@@ -113,7 +113,7 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         cut_metrics(run_dir, sft_record(run_dir) if cfg.sft.steps else None)
     guard.check()
     if process_count() > 1:  # the line a survivor prints when a peer dies (`_liveness.py`)
-        from agentax.train._liveness import set_resume_hint
+        from agentax.train import set_resume_hint
 
         set_resume_hint(lambda: resume_hint(run_dir))
     rep = Reporter(cfg, run_dir, quiet=quiet)

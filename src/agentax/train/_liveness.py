@@ -7,9 +7,9 @@ C++ (exit 134 after a page of log). So the connections of the join's pre-flight
 each other process one to process 0. The kernel closes a process's sockets however it ends,
 so a peer's end reaches the others at once:
 
-* a peer that leaves normally says `bye` first (`leave()`, called when `agentax train`
+* a peer that leaves normally says `bye` first (`leave_job()`, called when `agentax train`
   returned) and is let go;
-* a peer whose command failed says so (`fail(reason)`, called by `agentax train` on an
+* a peer whose command failed says so (`fail_job(reason)`, called by `agentax train` on an
   exception): the others stop too (its own log says more), instead of waiting at the next
   barrier; any other exit of the interpreter says `bye` (`atexit`);
 * a peer whose connection ends without a word died: the others stop.
@@ -33,7 +33,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["watch_peers", "leave", "fail", "set_resume_hint", "EXIT_PEER_LOST"]
+__all__ = ["watch_peers", "leave_job", "fail_job", "set_resume_hint", "EXIT_PEER_LOST"]
 
 EXIT_PEER_LOST = 1
 
@@ -89,7 +89,7 @@ def _watch() -> None:
         try:
             ready, _, _ = select.select(list(peers.values()), [], [], 1.0)
         except (OSError, ValueError):
-            return  # closed by leave()
+            return  # closed by leave_job()
         if _state["left"]:
             return
         for conn in ready:
@@ -140,16 +140,16 @@ def watch_peers(me: int, peers: dict[int, socket.socket], infos: dict[int, dict]
     for conn in peers.values():
         conn.settimeout(None)
     threading.Thread(target=_watch, name="agentax-peers", daemon=True).start()
-    atexit.register(leave)
+    atexit.register(leave_job)
 
 
-def leave() -> None:
+def leave_job() -> None:
     """This process is done (the command returned, or the interpreter exits): the others let
     it go."""
     _goodbye({"bye": True})
 
 
-def fail(reason: str) -> None:
+def fail_job(reason: str) -> None:
     """This process's command failed (`reason`: one short phrase): the others stop now."""
     _goodbye({"failed": reason[:300]})
 
