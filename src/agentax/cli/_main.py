@@ -89,10 +89,16 @@ def _cmd_train(args) -> int:
         cfg, resume_dir = _load(args, "train")
         result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
     except BaseException as e:
-        if several:  # the other processes stop now instead of waiting for this one
-            from agentax.train import fail_job
+        if several:
+            from agentax.run import Interrupted
+            from agentax.train import fail_job, leave_job
 
-            fail_job(type(e).__name__)
+            if isinstance(e, Interrupted):
+                # A signal: every process stops at the same step with its checkpoint; telling
+                # the others to stop now could cut process 0's rename of that checkpoint short.
+                leave_job()
+            else:  # the other processes stop now instead of waiting for this one
+                fail_job(type(e).__name__)
         raise
     if several:
         from agentax.train import leave_job
