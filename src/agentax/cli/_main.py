@@ -85,8 +85,25 @@ def _cmd_train(args) -> int:
                                      timeout_s=args.join_timeout)
     main_process = is_main_process() if several else True
     results_out = _stdout_for_results() if several else None
-    cfg, resume_dir = _load(args, "train")
-    result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
+    try:
+        cfg, resume_dir = _load(args, "train")
+        result = train(cfg, resume_dir, resume=resume_dir is not None, quiet=args.quiet)
+    except BaseException as e:
+        if several:
+            from agentax.run import Interrupted
+            from agentax.train import fail_job, leave_job
+
+            if isinstance(e, Interrupted):
+                # A signal: every process stops at the same step with its checkpoint; telling
+                # the others to stop now could cut process 0's rename of that checkpoint short.
+                leave_job()
+            else:  # the other processes stop now instead of waiting for this one
+                fail_job(type(e).__name__)
+        raise
+    if several:
+        from agentax.train import leave_job
+
+        leave_job()
     if main_process:
         _print_summary(dict(result.summary), file=results_out)
     return 0

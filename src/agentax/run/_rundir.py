@@ -23,7 +23,8 @@ from agentax.config import ConfigError
 from agentax.trace import CONFIG_FILENAME, METRICS_FILENAME
 
 __all__ = ["CHECKPOINT_DIR", "DOCTOR_REPORT", "RunCheckpointer", "checkpoint_kind", "cut_metrics",
-           "is_run_dir", "make_run_dir", "restore_newest", "run_config", "write_config"]
+           "cut_process_metrics", "is_run_dir", "make_run_dir", "restore_newest", "resume_hint",
+           "run_config", "write_config"]
 
 CHECKPOINT_DIR = "checkpoints"
 DOCTOR_REPORT = "doctor.txt"
@@ -201,3 +202,40 @@ def cut_metrics(run_dir: Path, record: dict[str, Any] | None) -> int:
         f.seek(len(head))
         f.write(b"".join(kept))
     return removed
+
+
+def cut_process_metrics(out_dir: Path, record: dict[str, Any]) -> int:
+    """Cuts a process's own metrics.jsonl (RUN_DIR/process_<i>, i > 0) back to the checkpoint
+    `record`: its rows of RL steps (and mid-run evaluations) after the checkpoint's step go,
+    as do rows cut short by a kill, so a resumed run logs each step once there too. Returns
+    the number of rows removed."""
+    path = out_dir / METRICS_FILENAME
+    if not path.exists():
+        return 0
+    step = int(record.get("rl_step", -1))
+    kept, removed = [], 0
+    for line in path.read_bytes().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            removed += 1
+            continue
+        if row.get("phase") in ("rl", "eval_mid") and int(row.get("step", -1)) > step:
+            removed += 1
+        else:
+            kept.append(line + b"\n")
+    if removed:
+        with open(path, "r+b") as f:  # in place: the logger may hold it open for appending
+            f.truncate(0)
+            f.write(b"".join(kept))
+    return removed
+
+
+def resume_hint(run_dir: Path) -> str:
+    """Where a stopped run resumes from (its newest complete checkpoint) and the command."""
+    ckpt = run_dir / CHECKPOINT_DIR
+    steps = sorted(int(p.name[5:]) for p in ckpt.glob("step_*")
+                   if p.name[5:].isdigit() and (p / "meta.json").is_file())
+    if steps:
+        return f"Resume from {ckpt / f'step_{steps[-1]}'}: agentax train {run_dir} (the same flags)"
+    return f"No checkpoint yet: agentax train {run_dir} (the same flags) starts it over"

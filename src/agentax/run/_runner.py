@@ -32,7 +32,9 @@ from agentax.run._rundir import (
     RunCheckpointer,
     checkpoint_kind,
     cut_metrics,
+    cut_process_metrics,
     restore_newest,
+    resume_hint,
     write_config,
 )
 from agentax.run._sft import SFTPhase, sft_record
@@ -110,6 +112,10 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         # Nothing to continue RL from: the run starts over, from its SFT checkpoint if any.
         cut_metrics(run_dir, sft_record(run_dir) if cfg.sft.steps else None)
     guard.check()
+    if process_count() > 1:  # the line a survivor prints when a peer dies (`_liveness.py`)
+        from agentax.train import set_resume_hint
+
+        set_resume_hint(lambda: resume_hint(run_dir))
     rep = Reporter(cfg, run_dir, quiet=quiet)
     try:
         rep.say(f"[bold]agentax train[/bold] -> {run_dir}")
@@ -134,7 +140,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
             guard.check()
             if found is not None:
                 position = restore_newest(run_dir, trainer, warn=rep.warn)
-                cut = cut_metrics(run_dir, position) if main else 0
+                cut = (cut_metrics(run_dir, position) if main
+                       else cut_process_metrics(rep.out_dir, position))
                 if main:
                     write_config(run_dir, cfg)
                 model = trainer.export_model()

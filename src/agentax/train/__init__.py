@@ -23,6 +23,7 @@ from agentax.train._distributed import (
     process_count,
     process_index,
 )
+from agentax.train._liveness import fail_job, leave_job, set_resume_hint
 from agentax.train._memory import UpdateMemory, update_memory
 from agentax.train._preflight import JoinError
 from agentax.train._rl import RLTrainer, TrainMetrics
@@ -48,7 +49,10 @@ __all__ = [
     "TrainerConfig",
     "UpdateMemory",
     "checkpoint_steps",
+    "fail_job",
     "initialize_distributed",
+    "leave_job",
+    "set_resume_hint",
     "is_main_process",
     "latest_checkpoint_step",
     "local_share",

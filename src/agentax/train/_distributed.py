@@ -92,8 +92,10 @@ def initialize_distributed(coordinator_address: str | None = None,
       timeout_s: how long to wait for every process to join. With an explicit address the
         processes first meet in `preflight` (`_preflight.py`), which fails within this time
         naming the coordinator, the counts and any duplicate or missing ids.
-      heartbeat_timeout_s: how long JAX's coordination service waits for a silent (dead)
-        peer before ending the others.
+      heartbeat_timeout_s: how long JAX's coordination service waits for a silent peer
+        (a lost host) before ending the others. A peer whose process ends (killed, crashed)
+        stops the others within a second: with an explicit address, the pre-flight's
+        connections stay open and are watched (`_liveness.py`).
     Raises:
       ValueError: an address without a process count and index (or the reverse).
       JoinError: the processes could not be joined (the message says why).
@@ -124,17 +126,27 @@ def initialize_distributed(coordinator_address: str | None = None,
         raise ValueError(f"process id {process_id} is outside 0..{num_processes - 1}")
     if timeout_s <= 0:
         raise ValueError(f"the join timeout must be > 0 s, got {timeout_s}")
+    peers = None
     if explicit:
         from agentax.train._preflight import preflight
 
-        preflight(coordinator_address, num_processes, process_id, timeout_s)
+        peers = preflight(coordinator_address, num_processes, process_id, timeout_s)
     # CPU collectives across processes need an implementation; GPU/TPU ignore this setting.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=max(1, int(timeout_s)),
-                               heartbeat_timeout_seconds=heartbeat_timeout_s)
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address,
+                                   num_processes=num_processes, process_id=process_id,
+                                   initialization_timeout=max(1, int(timeout_s)),
+                                   heartbeat_timeout_seconds=heartbeat_timeout_s)
+    except BaseException:
+        for conn in (peers or ({}, {}))[0].values():
+            conn.close()
+        raise
     _initialized = True
+    if peers is not None:  # a peer that dies stops this process at once (`_liveness.py`)
+        from agentax.train._liveness import watch_peers
+
+        watch_peers(process_id, *peers)
     log.info("process %d of %d: %d local devices, %d in all", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())
     return jax.process_count() > 1

@@ -12,14 +12,17 @@ the one problem it found:
 * processes missing when the join timeout ends (their ids named);
 * for a process other than 0: no coordinator answering at the address within the timeout.
 
-Then process 0 closes the port and JAX's coordinator binds it. One line of JSON each way; the
-exchange takes milliseconds once every process is up.
+Then process 0 closes its listening socket and JAX's coordinator binds the port. One line of
+JSON each way; the exchange takes milliseconds once every process is up. The connections
+themselves stay open when the join succeeds: `_liveness.py` watches them for the rest of the
+run, so a process that dies stops the others at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import time
 
@@ -61,7 +64,15 @@ def _receive(conn: socket.socket, deadline: float) -> dict:
     return out
 
 
-def _coordinate(host: str, port: int, num_processes: int, timeout_s: float) -> None:
+Peers = tuple[dict[int, socket.socket], dict[int, dict]]
+"""Process id -> open connection, and process id -> {"pid", "host"} of that process."""
+
+
+def _me() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _coordinate(host: str, port: int, num_processes: int, timeout_s: float) -> Peers:
     """Process 0: wait for every other process's hello and answer them all."""
     deadline = time.monotonic() + timeout_s
     try:
@@ -71,6 +82,8 @@ def _coordinate(host: str, port: int, num_processes: int, timeout_s: float) -> N
                         f"{host}:{port}: {e.strerror or e} (is another job using it?)") from None
     joined: dict[int, str] = {0: "process 0"}
     peers: list[socket.socket] = []
+    conns: dict[int, socket.socket] = {}
+    infos: dict[int, dict] = {}
     problem = None
     with contextlib.closing(server):
         try:
@@ -107,16 +120,20 @@ def _coordinate(host: str, port: int, num_processes: int, timeout_s: float) -> N
                                f"({joined[pid]} and {where}): give each process its own id")
                 else:
                     joined[pid] = where
+                    conns[pid] = conn
+                    infos[pid] = {"pid": hello.get("pid"), "host": hello.get("host")}
         finally:
             for conn in peers:
                 with contextlib.suppress(OSError):
-                    _send(conn, {"ok": problem is None, "error": problem})
-                    conn.close()
+                    _send(conn, {"ok": problem is None, "error": problem, **_me()})
+                    if problem is not None or conn not in conns.values():
+                        conn.close()
     if problem is not None:
         raise JoinError(problem)
+    return conns, infos
 
 
-def _join(host: str, port: int, num_processes: int, process_id: int, timeout_s: float) -> None:
+def _join(host: str, port: int, num_processes: int, process_id: int, timeout_s: float) -> Peers:
     """Process i > 0: say hello to process 0 (retrying until it listens) and read its answer."""
     deadline = time.monotonic() + timeout_s
     refused = None
@@ -133,21 +150,26 @@ def _join(host: str, port: int, num_processes: int, process_id: int, timeout_s: 
             refused = e.strerror or str(e)
             time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
             continue
-        with contextlib.closing(conn):
-            _send(conn, {"process_id": process_id, "num_processes": num_processes,
-                         "host": socket.gethostname()})
+        try:
+            _send(conn, {"process_id": process_id, "num_processes": num_processes, **_me()})
             try:
                 answer = _receive(conn, deadline + 15)
             except OSError as e:
                 raise JoinError(f"the coordinator {host}:{port} closed the connection before "
                                 f"answering ({e})") from None
-        if not answer.get("ok"):
-            raise JoinError(str(answer.get("error") or "the coordinator refused this process"))
-        return
+            if not answer.get("ok"):
+                raise JoinError(str(answer.get("error") or "the coordinator refused this process"))
+        except BaseException:
+            conn.close()
+            raise
+        return {0: conn}, {0: {"pid": answer.get("pid"), "host": answer.get("host")}}
 
 
-def preflight(coordinator_address: str, num_processes: int, process_id: int, timeout_s: float) -> None:
-    """Meets the other processes on the coordinator's port; returns when all are there.
+def preflight(coordinator_address: str, num_processes: int, process_id: int,
+              timeout_s: float) -> Peers:
+    """Meets the other processes on the coordinator's port; returns when all are there, with
+    the open connections (process 0: to every other process; the others: to process 0) and
+    what each peer said of itself.
 
     Raises:
         JoinError: a count that differs, a duplicate or out-of-range id, missing processes, or
@@ -155,6 +177,5 @@ def preflight(coordinator_address: str, num_processes: int, process_id: int, tim
     """
     host, port = _split(coordinator_address)
     if process_id == 0:
-        _coordinate(host, port, num_processes, timeout_s)
-    else:
-        _join(host, port, num_processes, process_id, timeout_s)
+        return _coordinate(host, port, num_processes, timeout_s)
+    return _join(host, port, num_processes, process_id, timeout_s)
