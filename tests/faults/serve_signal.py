@@ -7,12 +7,14 @@ tiny model (random weights, greedy decoding) served with one engine slot:
   other), then two more calls of session "a" sent while it runs: they wait behind it on the
   session (its calls run one at a time);
 * sessions "w0".."w3": short calls back to back (streamed for even workers), each worker
-  until a call is refused;
+  until a call is answered 503, or its connection is refused because the server already
+  drained and exited (its previous call was answered at the very end of the drain);
 * the signal comes halfway through the long call (timed by the same call made first, which
   also compiles the kernels); right after it, one call of a new session.
 
-Every call must end as a 200 or a 503 (`server_shutting_down`); anything else (a connection
-error, a 404, a stream cut without an error) is counted as lost.
+Every call must end as a 200 or a 503 (`server_shutting_down`), or never reach the server (a
+refused connection after it exited); anything else (a connection cut mid-call, a 404, a stream
+cut without an error) is counted as lost.
 """
 
 from __future__ import annotations
@@ -70,12 +72,20 @@ def _outcome(call) -> str:
         if e.status_code == 503 and e.code == "server_shutting_down":
             return "503"
         return f"lost: {e.status_code} {e.code}"
+    except openai.APIConnectionError as e:
+        # (the SDK's transport is httpx or its fork httpx2: match the class by name)
+        if type(e.__cause__).__name__ == "ConnectError":
+            # Nothing listens any more: the server drained and exited before this call was
+            # sent (a worker whose call was answered at the very end of the drain), so the
+            # call never reached it. A connection cut mid-call stays lost.
+            return "refused"
+        return f"lost: {type(e).__name__}: {e} ({type(e.__cause__).__name__}: {e.__cause__})"
     except openai.APIError as e:  # a stream that ended with an error event
         if "shut down" in str(e) or "shutting down" in str(e):
             return "503"
         return f"lost: {type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - a connection error is a lost call
-        return f"lost: {type(e).__name__}: {e}"
+        return f"lost: {type(e).__name__}: {e} ({type(e.__cause__).__name__}: {e.__cause__})"
 
 
 def serve_under_signal(model_dir: Path, sig: signal.Signals, *, drain_s: float = 60.0) -> dict:
@@ -92,7 +102,7 @@ def serve_under_signal(model_dir: Path, sig: signal.Signals, *, drain_s: float =
     proc, url = start_serve(model_dir, "--drain-s", str(drain_s))
     model = Path(model_dir).name  # the id `agentax serve` serves a model directory under
     stop_workers = threading.Event()
-    out: dict = {"queued": [], "workers": {"200": 0, "503": 0}, "lost": []}
+    out: dict = {"queued": [], "workers": {"200": 0, "503": 0, "refused": 0}, "lost": []}
     lock = threading.Lock()
 
     def client(key: str) -> openai.OpenAI:
@@ -132,7 +142,7 @@ def serve_under_signal(model_dir: Path, sig: signal.Signals, *, drain_s: float =
                     out["lost"].append(f"worker {i}: {result}")
                     return
                 out["workers"][result] += 1
-            if result == "503":
+            if result in ("503", "refused"):
                 return
 
     threads: list[threading.Thread] = []
@@ -183,4 +193,5 @@ def survived(result: dict, sig: signal.Signals) -> bool:
     return (result["exit"] == 128 + sig and result["long"] == "200"
             and result["long_choices"] == LONG_N
             and result["queued"] == ["503", "503"] and result["new"] == "503"
-            and result["workers"]["503"] == 4 and not result["lost"])
+            and result["workers"]["503"] + result["workers"]["refused"] == 4
+            and not result["lost"])

@@ -120,6 +120,13 @@ class RequestGate:
         async def tracked(message: Any) -> None:
             kind = message["type"]
             if kind == "http.response.start":
+                if self.stopping and not any(name.lower() == b"connection"
+                                             for name, _ in message.get("headers") or ()):
+                    # A reply sent during the drain ends its connection, so the client's next
+                    # call opens a new one (a 503, or refused once the server is gone) instead
+                    # of racing the server's exit on a kept-alive connection.
+                    message = {**message, "headers": [*(message.get("headers") or ()),
+                                                      (b"connection", b"close")]}
                 reply.status = message["status"]
                 reply.stream = any(name.lower() == b"content-type" and
                                    value.startswith(b"text/event-stream")
