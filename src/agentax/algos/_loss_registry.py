@@ -18,12 +18,12 @@ supports, so a config that asks for more fails before compiling.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Callable
 
 import jax
 
 from agentax.algos._policy import gspo_policy_loss, ppo_policy_loss
+from agentax.algos._registry import lookup
 
 PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -99,11 +99,4 @@ def policy_loss_spec(name: str) -> PolicyLossSpec:
     Raises:
       ValueError: no loss has that name (the message names the nearest and the choices).
     """
-    try:
-        return _LOSSES[name]
-    except KeyError:
-        names = policy_loss_names()
-        near = difflib.get_close_matches(str(name), names, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ValueError(f"unknown policy loss {name!r}{hint} (choose one of "
-                         f"{', '.join(names)}, or register_policy_loss() your own)") from None
+    return lookup(_LOSSES, name, "policy loss", "register_policy_loss")

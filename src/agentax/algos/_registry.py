@@ -158,14 +158,18 @@ def advantage_spec(name: str) -> AdvantageSpec:
     Raises:
       ValueError: no estimator has that name (the message names the nearest and the choices).
     """
+    return lookup(_REGISTRY, name, "advantage estimator", "register_advantage")
+
+
+def lookup(registry: dict, name: str, kind: str, register: str):
+    """`registry[name]`, or a ValueError naming the nearest name, the choices and `register`."""
     try:
-        return _REGISTRY[name]
+        return registry[name]
     except KeyError:
-        names = advantage_names()
-        near = difflib.get_close_matches(str(name), names, n=1)
+        near = difflib.get_close_matches(str(name), tuple(registry), n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ValueError(f"unknown advantage estimator {name!r}{hint} (choose one of "
-                         f"{', '.join(names)}, or register_advantage() your own)") from None
+        raise ValueError(f"unknown {kind} {name!r}{hint} (choose one of "
+                         f"{', '.join(registry)}, or {register}() your own)") from None
 
 
 def get_advantage_estimator(name: str) -> AdvantageEstimator:
