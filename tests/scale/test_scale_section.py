@@ -1,0 +1,97 @@
+"""The `scale` section of the run config: its checks, and requests Ray cannot place failing at
+start-up with one line naming the resource (before any model is built)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentax.config import ConfigError
+from agentax.run import RunConfig, ScaleConfig, as_config, train
+
+
+def test_off_by_default_so_nothing_changes_for_existing_recipes():
+    scale = RunConfig().scale
+    assert scale == ScaleConfig() and not scale.enabled
+    assert as_config("calculator").scale == ScaleConfig()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["scale.engine_replicas=2"], "scale.engine_replicas=2 needs Ray, but scale.ray is empty"),
+    (["scale.env_workers=8"], "scale.env_workers=8 needs Ray"),
+    (["scale.ray=local"], "nothing runs in Ray: set scale.engine_replicas=N"),
+    (["scale.ray=nowhere", "scale.env_workers=1"], "scale.ray='nowhere': give ''"),
+    (["scale.ray=auto", "scale.engine_replicas=-1"], "scale.engine_replicas must be >= 0"),
+    (["scale.ray=auto", "scale.engine_replicas=1", "scale.gpus_per_replica=-1"],
+     "scale.gpus_per_replica must be >= 0"),
+    (["scale.ray=auto", "scale.env_workers=1", "scale.env_resources={sandbox: 0}"],
+     "scale.env_resources.sandbox=0"),
+    (["scale.ray=auto", "scale.env_workers=1", "scale.env_resources={sandbox: lots}"],
+     "scale.env_resources"),
+    (["scale.ray=auto", "scale.env_workers=1", "scale.start_timeout_s=0"],
+     "scale.start_timeout_s must be > 0"),
+    (["scale.engine_replica=2"], "Did you mean 'engine_replicas'"),
+])
+def test_bad_values_say_what_to_change(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        as_config(None, overrides)
+
+
+@pytest.mark.parametrize("address", ["local", "auto", "10.0.0.1:6379", "ray://head:10001"])
+def test_addresses_are_accepted(address):
+    cfg = as_config(None, [f"scale.ray={address}", "scale.engine_replicas=4",
+                           "scale.gpus_per_replica=1", "scale.env_workers=64",
+                           "scale.env_resources={sandbox: 1}"])
+    assert cfg.scale.enabled and cfg.scale.env_resources == {"sandbox": 1.0}
+
+
+def test_import_agentax_and_a_scale_config_do_not_import_ray():
+    code = ("import sys, agentax, agentax.run; "
+            "agentax.run.as_config(None, ['scale.ray=auto', 'scale.engine_replicas=2']); "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- on a local Ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+FAST = ["sft.steps=0", "run.steps=1", "tracing.console=false"]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("overrides, message", [
+    (["scale.engine_replicas=1", "scale.gpus_per_replica=1"],
+     r"asks Ray for GPU=1 in all \(scale.engine_replicas x 1 = 1\), but the cluster has 0"),
+    (["scale.env_workers=2", "scale.env_resources={sandbox: 1}"],
+     r"asks Ray for sandbox=2 in all \(scale.env_workers x 2 = 2\), but the cluster has 0"),
+    # Each one fits, all of them do not.
+    (["scale.env_workers=8", "scale.env_cpus=0.5", "scale.engine_replicas=1"],
+     r"CPU=5 in all \(scale.engine_replicas x 1 = 1, scale.env_workers x 8 = 4\), but the "
+     "cluster has 2"),
+])
+def test_a_request_the_cluster_cannot_place_fails_at_start_naming_the_resource(
+        ray_cluster, tmp_path, overrides, message):
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=message):
+        train(None, tmp_path / "run", quiet=True,
+              overrides=[*FAST, "scale.ray=auto", *overrides])
+    assert time.monotonic() - t < 60
+    # Nothing was placed, and the cluster the run joined (ours) is still connected.
+    assert ray_cluster.is_initialized()
+    assert ray_cluster.available_resources().get("CPU") == 2
