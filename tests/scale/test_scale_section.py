@@ -95,3 +95,32 @@ def test_a_request_the_cluster_cannot_place_fails_at_start_naming_the_resource(
     # Nothing was placed, and the cluster the run joined (ours) is still connected.
     assert ray_cluster.is_initialized()
     assert ray_cluster.available_resources().get("CPU") == 2
+
+
+def test_the_kuberay_example_runs_agentax_train_with_a_valid_scale_section():
+    """examples/kuberay_rayjob.yaml needs nothing but the installed package: its entrypoint is
+    `agentax train` on a shipped recipe, its config is valid, and its groups offer what the
+    scale section asks for."""
+    import shlex
+    from pathlib import Path
+
+    import yaml
+
+    from agentax.recipes import RECIPES
+
+    job = yaml.safe_load((Path(__file__).parents[2] / "examples" / "kuberay_rayjob.yaml")
+                         .read_text())["spec"]
+    argv = shlex.split(job["entrypoint"])
+    assert argv[:2] == ["agentax", "train"] and argv[2] in RECIPES
+    scale = as_config(argv[2], argv[3:]).scale
+    assert scale.ray == "auto" and scale.engine_replicas == 4
+    groups = {g["groupName"]: g for g in job["rayClusterSpec"]["workerGroupSpecs"]}
+    gpus = int(groups["engines"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+               ["nvidia.com/gpu"]) * groups["engines"]["replicas"]
+    assert scale.engine_replicas * scale.gpus_per_replica <= gpus
+    sandboxes = groups["sandboxes"]
+    offered = yaml.safe_load(yaml.safe_load(sandboxes["rayStartParams"]["resources"]))
+    assert scale.env_workers * scale.env_resources["sandbox"] <= \
+        offered["sandbox"] * sandboxes["replicas"]
+    head = job["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
+    assert head["num-cpus"] == "0" and head["num-gpus"] == "0"  # the trainer's node
