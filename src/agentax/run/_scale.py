@@ -165,6 +165,7 @@ class RayLayout:
 
         s: ScaleConfig = cfg.scale
         self.scale, self.pool, self.router = s, None, None
+        self._replicas: list[Any] = []  # until the router holds them
         try:
             import ray
         except ImportError as e:
@@ -193,25 +194,21 @@ class RayLayout:
                         start_timeout_s=s.start_timeout_s, check_feasible=s.check_feasible)
                 if s.engine_replicas:
                     make = _EngineFromConfig(cfg)
-                    replicas = [RayEngineReplica(
-                        make, num_cpus=s.cpus_per_replica, num_gpus=s.gpus_per_replica,
-                        resources=dict(s.replica_resources), check_feasible=s.check_feasible,
-                        # A name operators can find (`ray list actors`, ray.get_actor) in the
-                        # job's own namespace.
-                        actor_options={"name": f"agentax-engine-{i}"})
-                        for i in range(s.engine_replicas)]
-                    self.router = EngineRouter(replicas, start_timeout_s=s.start_timeout_s)
+                    for i in range(s.engine_replicas):
+                        self._replicas.append(RayEngineReplica(
+                            make, num_cpus=s.cpus_per_replica, num_gpus=s.gpus_per_replica,
+                            resources=dict(s.replica_resources),
+                            check_feasible=s.check_feasible,
+                            # A name operators can find (`ray list actors`, ray.get_actor)
+                            # in the job's own namespace.
+                            actor_options={"name": f"agentax-engine-{i}"}))
+                    self.router = EngineRouter(self._replicas, start_timeout_s=s.start_timeout_s)
+                    self._replicas = []
             except ValueError as e:  # check_feasible: one actor fits on no node
                 raise ConfigError(f"the scale section: {e}") from None
         except BaseException:
             self.shutdown()
             raise
-
-    def env_factory(self) -> Callable[[], Any] | None:
-        """The pool's `env_factory` (None: environments stay in this process)."""
-        if self.pool is None:
-            return None
-        return self.pool.factory
 
     def engine(self, trainer: Any, version: int) -> Any:
         """The router over the replicas, holding the trainer's weights as `version` (waits,
@@ -239,12 +236,13 @@ class RayLayout:
 
     def shutdown(self) -> None:
         """Ends the actors (each bounded) and the connection this run made."""
-        for part in (self.pool, self.router):
+        for part in (self.pool, self.router, *self._replicas):
             if part is not None:
                 try:
                     part.shutdown()
                 except Exception:  # noqa: BLE001 - the run is over; a dead actor has nothing to end
                     pass
         self.pool = self.router = None
+        self._replicas = []
         if self.owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
