@@ -124,3 +124,29 @@ def test_the_kuberay_example_runs_agentax_train_with_a_valid_scale_section():
         offered["sandbox"] * sandboxes["replicas"]
     head = job["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]
     assert head["num-cpus"] == "0" and head["num-gpus"] == "0"  # the trainer's node
+
+
+@pytest.mark.ray
+def test_resources_other_work_holds_are_reported_not_refused(ray_cluster):
+    """A request the cluster could place, but whose resources are busy now, starts (its actors
+    wait); the run warns with what it asked for and what is free."""
+    from agentax.run._scale import RayLayout
+
+    @ray_cluster.remote(num_cpus=1.5)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    ray_cluster.get(holder.ready.remote(), timeout=60)
+    deadline = time.monotonic() + 30
+    while ray_cluster.available_resources().get("CPU", 0) > 0.5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    layout = RayLayout(as_config(None, ["scale.ray=auto", "scale.env_workers=2",
+                                        "scale.env_cpus=0.5"]))
+    try:
+        assert layout.busy == {"CPU": (1.0, 0.5)} and layout.pool is not None
+    finally:
+        layout.shutdown()
+        ray_cluster.kill(holder)
+    assert ray_cluster.is_initialized()  # not this layout's connection to close

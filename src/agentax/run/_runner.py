@@ -134,6 +134,10 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                 # Before the model: a request the cluster cannot place fails now, and the
                 # actors start (environments built, engines compiled) while the run loads.
                 layout = RayLayout(cfg)
+                for key, (asked, free) in layout.busy.items():
+                    rep.warn(f"the scale section asks Ray for {key}={asked:g}, but only "
+                             f"{free:g} is free now: its actors wait for the rest (up to "
+                             f"scale.start_timeout_s={cfg.scale.start_timeout_s:g} s)")
                 if layout.pool is not None:
                     suite = dataclasses.replace(suite, make_env=layout.pool.factory)
                 guard.check()

@@ -134,15 +134,19 @@ class _EngineFromConfig:
         return build_engine(cfg, Transformer(cfg.model, rngs=nnx.Rngs(cfg.run.seed)), tokenizer)
 
 
-def _check_totals(ray: Any, demands: list[tuple[str, int, dict[str, float]]]) -> None:
-    """All actors at once must fit the cluster's total resources (each one alone fitting a
-    node is checked by RayEnvPool / RayEngineReplica), else they would wait unplaced."""
-    total = {str(k): float(v) for k, v in ray.cluster_resources().items()}
+def _needs(demands: list[tuple[str, int, dict[str, float]]]) -> dict[str, float]:
     need: dict[str, float] = {}
     for _, count, per_actor in demands:
         for key, amount in per_actor.items():
             need[key] = need.get(key, 0.0) + count * amount
-    for key, amount in need.items():
+    return need
+
+
+def _check_totals(ray: Any, demands: list[tuple[str, int, dict[str, float]]]) -> None:
+    """All actors at once must fit the cluster's total resources (each one alone fitting a
+    node is checked by RayEnvPool / RayEngineReplica), else they would wait unplaced."""
+    total = {str(k): float(v) for k, v in ray.cluster_resources().items()}
+    for key, amount in _needs(demands).items():
         if amount > total.get(key, 0.0) + 1e-9:
             parts = ", ".join(f"{field} x {count} = {count * per[key]:g}"
                               for field, count, per in demands if per.get(key))
@@ -166,6 +170,8 @@ class RayLayout:
         s: ScaleConfig = cfg.scale
         self.scale, self.pool, self.router = s, None, None
         self._replicas: list[Any] = []  # until the router holds them
+        # Resources that other work holds now, {name: (asked, free)}: the actors wait for them.
+        self.busy: dict[str, tuple[float, float]] = {}
         try:
             import ray
         except ImportError as e:
@@ -183,9 +189,13 @@ class RayLayout:
             replica = {"CPU": s.cpus_per_replica, "GPU": s.gpus_per_replica,
                        **dict(s.replica_resources)}
             env = {"CPU": s.env_cpus, **dict(s.env_resources)}
+            demands = [("scale.engine_replicas", s.engine_replicas, replica),
+                       ("scale.env_workers", s.env_workers, env)]
             if s.check_feasible:
-                _check_totals(ray, [("scale.engine_replicas", s.engine_replicas, replica),
-                                    ("scale.env_workers", s.env_workers, env)])
+                _check_totals(ray, demands)
+            free = ray.available_resources()
+            self.busy = {k: (v, float(free.get(k, 0.0))) for k, v in _needs(demands).items()
+                         if v > float(free.get(k, 0.0)) + 1e-9}
             try:
                 if s.env_workers:
                     self.pool = RayEnvPool(
