@@ -65,7 +65,7 @@ def test_agentax_train_runs_the_ray_layout_from_a_config_file(tmp_path, capsys):
     scale = summary["scale"]
     # Every model call went to the replica actor, every episode's environment to the pool.
     assert scale["engines"]["replicas"] == 1 and scale["engines"]["routed"][0] > 0
-    assert scale["engines"]["down"] == [] and scale["engines"]["policy_version"] == 2
+    assert scale["engines"]["down"] == [] and scale["engines"]["committed_version"] == 2
     # (episodes the run cancelled at its end may never have reached an environment)
     assert scale["envs"]["episodes"] >= acc["trained"] and scale["envs"]["actor_deaths"] == 0
     assert "engine" not in summary  # no engine in the trainer's process
@@ -99,7 +99,8 @@ def test_a_replica_and_an_env_actor_killed_mid_run_leave_the_books_balanced(tmp_
     assert acc["trained"] == 4 * 2 * 2  # every step trained its groups
     scale = result.summary["scale"]
     engines, envs = scale["engines"], scale["envs"]
-    assert engines["down"] == [1] and engines["policy_version"] == 4
+    # The last version reached the live replica (its engine swaps it in at its next step).
+    assert engines["down"] == [1] and engines["committed_version"] == 4
     assert engines["routed"][0] > 0 and engines["routed"][1] > 0
     # The killed environment actor was found dead (mid-episode: that episode is counted as
     # env_error; before one: the reset retried on a fresh actor) and replaced.

@@ -238,8 +238,10 @@ class RayLayout:
                               "down": list(r.down), "dropped": list(r.dropped),
                               "reruns": dict(r.reruns), "moved": dict(r.moved),
                               "policy_version": r.policy_version}
-            if r.weight_sync is not None:
+            if r.weight_sync is not None:  # committed: handed to every live replica's engine,
+                # which swaps it in at its next step (policy_version may lag a moment)
                 out["engines"]["publications"] = r.weight_sync.publications
+                out["engines"]["committed_version"] = r.weight_sync.committed_version
         if self.pool is not None:
             out["envs"] = dataclasses.asdict(self.pool.stats())
         return out
