@@ -11,9 +11,13 @@ What runs where (docs/scaling.md, "A Ray cluster"):
   sandbox whose steps take `--env-step-s`).
 
 Run it on a cluster (`ray start --head` on one node, `ray start --address=HEAD:6379` on the
-others, then `python examples/ray_cluster.py --address auto`), in a KubeRay RayJob
-(examples/kuberay_rayjob.yaml), or on one machine with a local Ray (`--address local`, the
-default; the tiny byte model on CPU, which is what the test runs).
+others, then `python examples/ray_cluster.py --address auto`), or on one machine with a local
+Ray (`--address local`, the default; the tiny byte model on CPU, which is what the test runs).
+
+This is the library route, for a job that needs its own driver script. `agentax train` builds
+the same layout from its config's `scale` section (`agentax train RECIPE scale.ray=auto
+scale.engine_replicas=4 scale.env_workers=64`; examples/kuberay_rayjob.yaml does that in a
+KubeRay RayJob): see docs/scaling.md, "The scale section".
 """
 
 from __future__ import annotations

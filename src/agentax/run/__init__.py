@@ -4,8 +4,8 @@
   warm start,) evaluate, RL through the pipeline, evaluate, doctor; one run directory.
   `sft(...)` and `evaluate(...)` are `agentax sft` and `agentax eval`.
 * `RunConfig` and its sections (`RunSection`, `InitConfig`, `EnvConfig`, `AgentConfig`,
-  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`; the rest are the library's own
-  configs); `as_config` (from a RunConfig, a mapping, a YAML file, a recipe or a run
+  `TasksConfig`, `SFTConfig`, `EvalConfig`, `TracingConfig`, `ScaleConfig`; the rest are the
+  library's own configs); `as_config` (from a RunConfig, a mapping, a YAML file, a recipe or a run
   directory), `load_config(path, overrides)`, `parse_overrides`, `dump_config`,
   `resolve_config`.
 * `Hook(fn, every=N)` with `StepInfo`: per-step work of a run; `SFTPhase`: the warm start.
@@ -24,6 +24,7 @@ from agentax.run._config import (
     RunConfig,
     RunSection,
     SFTConfig,
+    ScaleConfig,
     TasksConfig,
     TracingConfig,
     dump_config,
@@ -51,6 +52,7 @@ __all__ = [
     "RunSection",
     "SFTConfig",
     "SFTPhase",
+    "ScaleConfig",
     "StartupHang",
     "StepInfo",
     "TasksConfig",

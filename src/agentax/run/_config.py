@@ -48,6 +48,7 @@ from agentax.run._sections import (
     TracingConfig,
     snapshot_every,
 )
+from agentax.run._scale import ScaleConfig
 from agentax.run._yaml import (
     _short,
     base_path,
@@ -65,6 +66,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "SFTConfig",
+    "ScaleConfig",
     "TasksConfig",
     "TracingConfig",
     "apply_overrides",
@@ -156,6 +158,8 @@ class RunConfig:
     read a 92% policy anywhere from 85% to 98%)."""
     tracing: TracingConfig = dataclasses.field(default_factory=TracingConfig)
     """Trace, console, plots, doctor."""
+    scale: ScaleConfig = dataclasses.field(default_factory=ScaleConfig)
+    """Engines and environments in Ray actors (off: both in this process)."""
 
     def __post_init__(self) -> None:
         validate(self)

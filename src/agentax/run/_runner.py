@@ -12,6 +12,7 @@ run directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from agentax.run._evaluate import evaluate_config
 from agentax.run._hooks import Hook
 from agentax.run._reporter import Reporter, phase_rows, process_count, report_eval, say_always
 from agentax.run._rl import PRECOMPILE_MAX_KERNELS, RLPhase, precompile_rl
+from agentax.run._scale import RayLayout
 from agentax.run._rundir import (
     CHECKPOINT_DIR,
     DOCTOR_REPORT,
@@ -65,7 +67,8 @@ def _warm_start(cfg: RunConfig, rep: Reporter, trainer, model, tokenizer, suite,
                 guard: StopGuard, resume: bool, summary: dict):
     """The SFT phase before RL; returns (SFT weights, the engine if one was built)."""
     engine = compiling = None
-    if process_count() == 1:
+    # (With engine replicas in Ray actors there is no engine here to compile beside SFT.)
+    if process_count() == 1 and not cfg.scale.engine_replicas:
         # Kernels depend on shapes, not weights: the engine's step thread and a thread of ours
         # compile the engine's and the RL trainer's while SFT trains (its steps leave most of
         # a second core idle); then both get the SFT weights. One trainer state at a time: the
@@ -123,14 +126,25 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
         tokenizer = build_tokenizer(cfg)
         suite = build_suite_for(cfg)
         guard.check()
-        model = build_model(cfg)
-        guard.check()
-        rep.timings["startup_s"] = rep.elapsed()
-        gc.freeze()
         position: dict[str, Any] = {}
         summary: dict[str, Any] = {"run_dir": str(run_dir), "task": suite.name}
-        engine = None
+        engine = layout = None
         try:
+            if cfg.scale.enabled:
+                # Before the model: a request the cluster cannot place fails now, and the
+                # actors start (environments built, engines compiled) while the run loads.
+                layout = RayLayout(cfg)
+                for key, (asked, free) in layout.busy.items():
+                    rep.warn(f"the scale section asks Ray for {key}={asked:g}, but only "
+                             f"{free:g} is free now: its actors wait for the rest (up to "
+                             f"scale.start_timeout_s={cfg.scale.start_timeout_s:g} s)")
+                if layout.pool is not None:
+                    suite = dataclasses.replace(suite, make_env=layout.pool.factory)
+                guard.check()
+            model = build_model(cfg)
+            guard.check()
+            rep.timings["startup_s"] = rep.elapsed()
+            gc.freeze()
             trainer = RLTrainer(model, cfg.trainer, mesh=mesh)
             # Before hours of SFT and RL: is there room for the first checkpoint at all?
             check_space(run_dir / CHECKPOINT_DIR, checkpoint_bytes(trainer))
@@ -150,6 +164,8 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                            + (f"; {cut} later metrics rows cut" if cut else ""))
                 guard.check()
             start_step = int(position.get("rl_step", trainer.step_count))
+            if engine is None and layout is not None and layout.router is not None:
+                engine = layout.engine(trainer, start_step)
             if engine is None:
                 engine = build_engine(cfg, model, tokenizer, version=start_step)
             summary.update(RLPhase(
@@ -157,6 +173,14 @@ def _run_train(cfg: RunConfig, run_dir: Path, resume: bool, quiet: bool, guard: 
                 int(position.get("next_group", 0)), guard,
                 RunCheckpointer(run_dir, start_step if position else None), hooks).run())
         finally:
+            if layout is not None:
+                try:
+                    summary["scale"] = layout.stats()
+                except Exception as e:  # noqa: BLE001 - figures only: the shutdown matters
+                    summary["scale"] = {"error": f"{type(e).__name__}: {e}"}
+                layout.shutdown()  # the router (if it is the engine) with the rest
+                if cfg.scale.engine_replicas:  # the engine was the router: shut down
+                    engine = None
             if engine is not None:
                 stats = engine.stats()  # start-up cost: compiling, and the first decode call
                 rep.timings["engine_compile_s"] = round(stats.compile_s, 2)
