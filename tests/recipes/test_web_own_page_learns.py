@@ -13,11 +13,12 @@ imitator finds the named label's id between steps ~200 and ~300; fewer leave it 
 wrong on some pages, and GRPO then gets all-equal groups), GRPO at lr 2e-3 for 14 steps (4
 groups of 8), and a held-out evaluation that is sampled only, twice on each of 48 pages: the
 criterion is on sampled success, and 96 sampled episodes bound it tighter than the 48 greedy
-+ 48 sampled of before, at the same cost. Measured (seed 0 and 1, a shared 2-core host):
-held-out sampled success 82.3% -> 93.8% and 82.3% -> 94.8% (seed 0, twice), 77.1% -> 92.7%
-(seed 1); 470-504 CPU-seconds a run (Python, Chromium and its driver together), 1,007-1,270 s
-of wall time at load average ~25 on 2 cores. Not shown yet: the 5 minutes on two idle
-cores (at ~1.7 cores busy those CPU-seconds are ~280-300 s), hence `manual` still.
++ 48 sampled of before, at the same cost. Measured (seeds 0, 1 and 2, a shared 2-core
+host): held-out sampled success 82.3% -> 93.8% and 82.3% -> 94.8% (seed 0, twice), 77.1% ->
+92.7% (seed 1), 74.0% -> 96.9% (seed 2); 470-541 CPU-seconds a run (Python, Chromium and its
+driver together), 1,007-1,377 s of wall time at load average ~25 on 2 cores. Not shown yet:
+the 5 minutes on two idle cores (at ~1.7 cores busy those CPU-seconds are ~280-320 s), hence
+`manual` still.
 
 Where the time goes: browser episodes. An RL step keeps only groups whose rewards differ, and
 from ~0.9 success most groups of 8 are all right, so a step starts 90-270 episodes (1,648
