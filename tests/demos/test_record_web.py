@@ -101,3 +101,27 @@ def test_click_target_records_a_local_pages_demonstrations(tmp_path):
         assert user.content.splitlines()[0] == task.prompt  # the compact view the agent shows
         clicked = next(ln for ln in user.content.splitlines()[1:] if ln.endswith(task.answer))
         assert assistant.content == f"click {clicked.split()[0]}"
+
+
+def test_record_many_closes_the_browser_its_episodes_shared(tmp_path):
+    """`record_many` runs a loop of its own: the Chromium its episodes shared must not outlive
+    it (a leftover one stayed alive through the SFT and RL of `agentax train`, ~0.15 CPU-s a
+    second on a 2-core host)."""
+    from agentax.agents import CompactWebAgent
+
+    page = tmp_path / "buttons.html"
+    page.write_text(PAGE)
+    tasks = [Task(id=f"b{i}", prompt=f'Click the "{c}" button.', answer=c,
+                  meta={"url": page.as_uri()}) for i, c in enumerate(["Blue", "Red"])]
+    envs: list[BrowserEnvironment] = []
+    pids: list[int | None] = []
+
+    def make_env() -> BrowserEnvironment:
+        if envs:  # the browser of the first episode, while it runs
+            pids.append(envs[0].host.browser_pid())
+        envs.append(BrowserEnvironment(sites={"url": ButtonsSite()}, max_steps=2))
+        return envs[-1]
+
+    convs = record_many(make_env, CompactWebAgent, tasks, click_target(lambda t: t.answer))
+    assert len(convs) == 2 and pids and pids[0] is not None
+    assert envs[0].host.browser_pid() is None, "record_many left its browser running"

@@ -8,28 +8,24 @@ own `BrowserEnvironment` and `CompactWebAgent`; then `agentax train its.yaml` ru
 async GRPO with `pipeline.filters` at its default. The goal: held-out sampled success >= 0.9,
 or >= 2x the warm start's, within 5 minutes on 2 cores.
 
-Met with the config below: held-out sampled success 77.1% -> 100.0% (greedy 93.8% -> 100.0%)
-in 629 s of `agentax train` wall time on this 2-core host while it was shared (load average
-15-23, so about 2x an idle host's time; the 5-minute bound is not yet confirmed on an idle
-host, and the test allows 600 s). The SFT must run long enough for the imitator to find the
-named label (500 steps at 30% noise: greedy 93.8%, sampled about the 80% the noise allows); RL
-then sharpens it (lr 2e-3). Earlier settings, held-out sampled success before -> after RL on
-48 pages:
+The config below: 200 demonstrations at 30% noise recorded in Chromium, SFT 500 steps (the
+imitator finds the named label's id between steps ~200 and ~300; fewer leave it confidently
+wrong on some pages, and GRPO then gets all-equal groups), GRPO at lr 2e-3 for 14 steps (4
+groups of 8), and a held-out evaluation that is sampled only, twice on each of 48 pages: the
+criterion is on sampled success, and 96 sampled episodes bound it tighter than the 48 greedy
++ 48 sampled of before, at the same cost. Measured (seeds 0, 1 and 2, a shared 2-core
+host): held-out sampled success 82.3% -> 93.8% and 82.3% -> 94.8% (seed 0, twice), 77.1% ->
+92.7% (seed 1), 74.0% -> 96.9% (seed 2); 470-541 CPU-seconds a run (Python, Chromium and its
+driver together), 1,007-1,377 s of wall time at load average ~25 on 2 cores. Not shown yet:
+the 5 minutes on two idle cores (at ~1.7 cores busy those CPU-seconds are ~280-320 s), hence
+`manual` still.
 
-* 6 labels, 80% noisy demos (400), SFT 200 steps, RL lr 7e-4, 20 steps: 43.8% -> 37.5% (234 s);
-* 5 labels, 50% noise (300), SFT 300, 30 RL steps: 41.7% -> 45.8% (404 s);
-* 3 labels, 50% noise (200), SFT 200, 25 RL steps: 35.4% -> 37.5% (574 s);
-* 3 labels, clean demos, SFT 400 (a diagnostic): the SFT loss falls from ~0.13 (the digit at
-  chance: ln 3 over the ~8 tokens of `click N<|im_end|>`) to 0.008 between steps 160 and 200,
-  so the model can learn to find the named label's id, but not from noisier demos in 200 steps;
-* 3 labels, 30% noise (200), SFT 300, RL lr 7e-4, 20 steps: 62.5% -> 58.3% (505 s);
-* the same with RL lr 2e-3: 62.5% (greedy 66.7%) before; training success 0.5-0.88 a step
-  over 13 steps (stopped there), with 50% and then 86% of the groups dropped as all-equal:
-  the imitator, not yet done learning, is confidently right on some instances and confidently
-  wrong on others, so few groups carry a signal (hence 500 SFT steps above).
-* the same with sampling.temperature 1.5 for more varied groups: 54.2% before (3 of 48 cut
-  short); by RL step 6 the policy wrote replies with no action and 98% of the groups were
-  dropped (stopped there).
+Where the time goes: browser episodes. An RL step keeps only groups whose rewards differ, and
+from ~0.9 success most groups of 8 are all right, so a step starts 90-270 episodes (1,648
+over the 14 steps of the seed-0 run: 316 of its 483 CPU-seconds; SFT 96, the 200 recordings
+30, the two evaluations 36). More RL steps did not help: with 20 (the earlier config),
+training success swung between 0.74 and 0.97 and one seed-0 run ended at 89.6%, below the
+bound.
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ def _module_from_the_docs() -> str:
 
 CONFIG = """
 run:
-  steps: 20
+  steps: 14
 env:
   factory: my_buttons:make_env
 agent:
@@ -108,8 +104,8 @@ pipeline:
   groups_per_step: 4
   max_concurrency: 16
 eval:
-  greedy: true
-  samples: 1
+  greedy: false
+  samples: 2
   max_concurrency: 16
 tracing:
   console: false
@@ -117,8 +113,8 @@ tracing:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # its own assertion names the time; a slow host should reach it
-@pytest.mark.manual  # failed in a fresh-clone slow stage; see CHANGELOG and the issue 62 note
+@pytest.mark.timeout(450)  # above its own 300 s assertion: a slow host fails with the time
+@pytest.mark.manual  # until the 300 s is measured on two idle cores (see the docstring)
 def test_a_users_own_three_button_page_learns(tmp_path, monkeypatch, capsys):
     import time
 
@@ -137,8 +133,8 @@ def test_a_users_own_three_button_page_learns(tmp_path, monkeypatch, capsys):
         "all_equal_rewards"]  # the default
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
-    assert after["eval/sampled/episodes"] == 48
+    assert after["eval/sampled/episodes"] == 96  # 48 pages, sampled twice
     b, a = before["eval/sampled/success"], after["eval/sampled/success"]
     assert b < 0.9, f"the warm start is already near perfect ({b:.3f}): demos too clean"
     assert a >= 0.9 or a >= 2 * b, f"sampled: {b:.3f} -> {a:.3f}"
-    assert wall <= 600, f"{wall:.0f} s (the goal is 300 s on two idle cores)"
+    assert wall <= 300, f"{wall:.0f} s (the goal: 5 minutes on two idle cores)"
