@@ -328,7 +328,9 @@ def bench_decode_filled(model, *, batch=32, prompt_len=16, new_tokens=108, pairs
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 256, size=prompt_len).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
-    common = dict(max_slots=batch, prefill_chunk=16, min_prefill_bucket=16)
+    # No prefix sharing: the timed runs repeat the warm-up's prompts (see run_preset).
+    common = dict(max_slots=batch, prefill_chunk=16, min_prefill_bucket=16,
+                  prefix_sharing=False)
     long = Engine(model, EngineConfig(max_seq_len=1024, **common))
     short = Engine(model, EngineConfig(max_seq_len=128, **common))
     try:
@@ -659,11 +661,15 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
     # precompile: every shape the traffic may meet (which row buckets a run meets depends on
     # timing, so a warm-up run alone leaves some to compile inside timed runs). Prefill calls
-    # of at most 8 rows (as the demo's engine) in chunks of 32 or 64, decode, and the page
-    # copies: 15 kernels. Rows up to max_slots and chunks down to 16 would compile 25; the
-    # sweep's rows_32 measures that wider prefill.
+    # of at most 8 rows (as the demo's engine) in chunks of 32 or 64, and decode: 9 kernels.
+    # Rows up to max_slots and chunks down to 16 would compile 19; the sweep's rows_32
+    # measures that wider prefill. No prefix sharing: every run repeats the very same prompts
+    # (and the re-prefill arm the same histories), which would otherwise be served from the
+    # pages of the run before, measuring the prefix cache instead of batching and
+    # continuation (bench_prefix measures sharing).
     config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=64,
-                          min_prefill_bucket=32, max_prefill_rows=8, precompile=True)
+                          min_prefill_bucket=32, max_prefill_rows=8, precompile=True,
+                          prefix_sharing=False)
     rng = np.random.default_rng(0)
     out = {}
     with Engine(model, config) as engine:
