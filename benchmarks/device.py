@@ -3,11 +3,11 @@
 Model: Qwen3-0.6B-shaped (`ModelConfig.qwen3_0_6b()`), random weights, bfloat16. Figures:
 
 * decode_tokens_per_s_b{B}_ctx{C} — the engine's fused decode kernel (`decode_steps`, 8 steps
-  per call, the default) over B slots whose sequences sit at C tokens (the cache holds C + 64
-  positions; the attention span is the engine's bucket covering them). Timed after a warm-up
-  call; the host fetches each call's tokens, as the engine does. B in (64, 256), C in (1k, 8k).
+  per call, the default) over B slots whose sequences sit at C tokens (a page pool of B
+  sequences of C + 64 positions; each row reads its own pages). Timed after a warm-up call;
+  the host fetches each call's tokens, as the engine does. B in (64, 256), C in (1k, 8k).
 * decode_roofline_frac_b{B}_ctx{C} — achieved HBM traffic over the device's bandwidth, the
-  traffic of one step being every weight once (bf16) plus the K/V the step reads (B x span x
+  traffic of one step being every weight once (bf16) plus the K/V the step reads (B x C x
   layers x 2 x K x H x 2 bytes). 1.0 is the memory-bandwidth limit of decoding.
 * A (B, C) whose KV cache does not fit the device is reported as `does_not_fit_b{B}_ctx{C}`
   with the bytes it needs (256 x 8k x 112 KiB per token = 235 GB for this model).
@@ -49,7 +49,7 @@ from agentax.engine import EngineConfig
 from agentax.engine._kernels import compiled_count, decode_steps, prefill_chunk
 from agentax.engine._runner import Runner
 from agentax.engine._sampling import RowSampling
-from agentax.models import ModelConfig, Transformer, kv_cache_bytes
+from agentax.models import ModelConfig, Transformer, page_pool_bytes
 
 # Per-chip HBM bandwidth (bytes/s) and dense bf16 peak (FLOP/s), from the vendors' sheets.
 # Matched as substrings of `device.device_kind`, most specific first.
@@ -86,6 +86,12 @@ def param_counts(model) -> tuple[int, int]:
     return total, total - embed
 
 
+def _page_table(config: EngineConfig) -> jax.Array:
+    """Slot s's pages: the s-th run of consecutive pages of the pool ("auto")."""
+    per_slot = config.kv_pages // config.max_slots
+    return jnp.arange(config.kv_pages, dtype=jnp.int32).reshape(config.max_slots, per_slot)
+
+
 def kv_bytes_per_token(cfg: ModelConfig) -> int:
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
 
@@ -109,13 +115,13 @@ def bench_decode(model, batch: int, ctx: int, calls: int, hbm: float | None,
                  weight_bytes: int, free_bytes: int | None) -> dict:
     cfg = model.config
     seq_len = ctx + 64
-    need = kv_cache_bytes(cfg, batch, seq_len)
+    config = EngineConfig(max_slots=batch, max_seq_len=seq_len, decode_steps_per_call=DECODE_STEPS)
+    need = page_pool_bytes(cfg, config.kv_pages)
     key = f"b{batch}_ctx{ctx // 1024}k" if ctx >= 1024 else f"b{batch}_ctx{ctx}"
     if free_bytes is not None and need + weight_bytes > 0.9 * free_bytes:
         return {f"does_not_fit_{key}": need}
-    config = EngineConfig(max_slots=batch, max_seq_len=seq_len, decode_steps_per_call=DECODE_STEPS)
     runner = Runner(model, config)
-    span = config.attend_bucket(ctx)
+    table = _page_table(config)
     state = np.stack([
         np.ones(batch, np.int32),  # pending token
         np.full(batch, ctx - DECODE_STEPS * (calls + 1), np.int32),  # positions: end near ctx
@@ -128,8 +134,8 @@ def bench_decode(model, batch: int, ctx: int, calls: int, hbm: float | None,
 
     def call(state):
         out_tok, _, counts, runner.cache = decode_steps(
-            runner.model_def, runner.weights, runner.cache, jnp.asarray(state), sampling, stop,
-            DECODE_STEPS, span)
+            runner.model_def, runner.weights, runner.cache, table, jnp.asarray(state), sampling,
+            stop, DECODE_STEPS, seq_len)
         tok, counts = jax.device_get((out_tok, counts))
         state = state.copy()
         state[0], state[1] = tok[:, -1], state[1] + counts
@@ -142,7 +148,7 @@ def bench_decode(model, batch: int, ctx: int, calls: int, hbm: float | None,
     dt = time.perf_counter() - t
     steps = calls * DECODE_STEPS
     tokens_per_s = batch * steps / dt
-    kv_read = batch * span * kv_bytes_per_token(cfg)
+    kv_read = batch * ctx * kv_bytes_per_token(cfg)
     out = {f"decode_tokens_per_s_{key}": tokens_per_s, f"decode_ms_per_step_{key}": 1e3 * dt / steps,
            f"decode_bytes_per_step_{key}": weight_bytes + kv_read}
     if hbm:
@@ -162,11 +168,12 @@ def bench_prefill(model, rows: int, tokens: int, reps: int, peak: float | None,
     slots = jnp.arange(rows, dtype=jnp.int32)
     sampling = RowSampling(jnp.ones(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
                            jnp.zeros(rows, jnp.uint32))
-    span = config.attend_bucket(tokens)
+    table = _page_table(config)
 
     def call():
-        tok, _, runner.cache = prefill_chunk(runner.model_def, runner.weights, runner.cache, ids,
-                                             positions, slots, sampling, span)
+        tok, _, runner.cache = prefill_chunk(runner.model_def, runner.weights, runner.cache,
+                                             table, ids, positions, slots, sampling,
+                                             config.max_seq_len)
         return jax.device_get(tok)
 
     call()

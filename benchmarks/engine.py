@@ -31,28 +31,24 @@ Workloads (same model, same kernels, measured in one run, per model preset):
 * tokens_per_s_steps_N / tokens_per_s_chunk_N — the lognormal workload with N fused decode
   steps per call / N-token prefill chunks (full run only; alternated rounds), the
   measurement behind the defaults.
-* kv_bytes_per_token_held, sequences_in_budget_slots — KV memory per token the workload's
-  sequences really hold in the slot layout, and how many sequences its bytes hold as slots.
-  Full run (`paged_memory`): sequences_in_budget_paged — the most sequences holding KV at
-  once on a paged engine (`kv_cache_tokens`) with the same slots and bytes (measured),
-  paged_tokens_per_s_over_slots; paged_third_tokens_per_s_over_slots — a third of the
-  bytes; decode_temp_bytes_* — a decode call's working set on top of the cache.
-* --ring-study — decode call cost (8 steps) of a Gemma-like tiny model (5 sliding layers of
-  window 64, 1 global) with 16 slots at 1,900 tokens of 2,048: sliding layers held as rings of
-  window + 127 positions (the engine's layout) vs the whole slot; `ring_study_full_over_ring`.
-* --paging-study — decode call cost of the engine's paged kernel (16-token pages in random
-  order, read in place by the ragged attention) over its slot-layout kernel, same model and
-  filled length (span 128 for rows), at 8 fused steps (`paged_over_bucket_cost`) and 1.
+* kv_bytes_per_token_held — KV bytes per token the workload's sequences hold in their
+  pages (a page is held whole); sequences_held_over_slots — the most sequences holding KV at
+  once (finished ones stay parked until the whole workload is done) over max_slots, what one
+  cache row per slot would have held (measured on the continuous runs' engine). Full run
+  (`paged_memory`): paged_third_tokens_per_s_over_auto — the workload on a third of the
+  pages; decode_temp_bytes — a decode call's working set on top of the cache.
+* --window-study — decode call cost (8 steps) of a Gemma-like tiny model (5 sliding layers of
+  window 64, 1 global) with 16 slots at 1,900 tokens of 2,048, over the same model with
+  every layer global (`window_study_global_over_sliding`): a sliding layer reads only the
+  pages its window sees.
 * publish_extra_bytes_over_weights — bytes a weight publication allocates beyond the engine's
   own weights (XLA's memory analysis of the in-place write at Qwen3-0.6B shapes, bfloat16
   engine, float32 master), over those weights; the former cast-and-swap path: 1.0. Full run;
   `--publish-memory` alone.
-* straggler_decode_cost — a paged decode call (8 steps, tiny model, 32 slots, max_seq_len
-  8,192, process CPU time, median of interleaved calls) with 31 rows at 128 tokens and one
-  at 4,096, over all 32 at 128. Goal <= 1.5. `straggler_tokens_read_ratio` is the ratio of
-  the positions the two loads must read (1.97); `straggler_decode_cost_rows` (full run) the
-  same for the slot layout, whose dense span covers the longest row for every row.
-  `--straggler-study` runs it alone.
+* straggler_decode_cost — a decode call (8 steps, tiny model, 32 slots, max_seq_len 8,192,
+  process CPU time, median of interleaved calls) with 31 rows at 128 tokens and one at
+  4,096, over all 32 at 128. Goal <= 1.5. `straggler_tokens_read_ratio` is the ratio of the
+  positions the two loads must read (1.97). `--straggler-study` runs it alone.
 
 * group_prefill_fraction, group_shared_over_unshared, system_prompt_hit_fraction,
   system_prompt_hits_across_update — prefix sharing on the paged cache (`bench_prefix`'s
@@ -70,10 +66,9 @@ Workloads (same model, same kernels, measured in one run, per model preset):
   (both runs) and wall seconds to lower and compile on this CPU, unrolled over scanned (full
   run; `--scan-compile` alone).
 * engine_kernels_qwen3_0_6b_32k — kernel shapes a 64-slot, 32,768-token engine may compile
-  (`EngineConfig.kernel_shapes()`, what `precompile` compiles) on a paged cache with the
-  default prefill knobs (decode once, prefill per row bucket x chunk bucket: no span);
-  `_long_prefill` with 8 prefill rows of 512-token chunks; `_rows` the slot layout's count
-  (span buckets multiply it). Goal <= 40.
+  (`EngineConfig.kernel_shapes()`, what `precompile` compiles) with the default prefill
+  knobs (decode once, prefill per row bucket x chunk bucket: no span); `_long_prefill` with
+  8 prefill rows of 512-token chunks. Goal <= 40.
 
 Every timed figure is the median of alternating pairs after a warm-up run of the very same
 workload (so the timed part compiles nothing; `timed_compiles` reports it). `*_cpu` figures
@@ -333,7 +328,9 @@ def bench_decode_filled(model, *, batch=32, prompt_len=16, new_tokens=108, pairs
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 256, size=prompt_len).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
-    common = dict(max_slots=batch, prefill_chunk=16, min_prefill_bucket=16)
+    # No prefix sharing: the timed runs repeat the warm-up's prompts (see run_preset).
+    common = dict(max_slots=batch, prefill_chunk=16, min_prefill_bucket=16,
+                  prefix_sharing=False)
     long = Engine(model, EngineConfig(max_seq_len=1024, **common))
     short = Engine(model, EngineConfig(max_seq_len=128, **common))
     try:
@@ -413,198 +410,99 @@ def _active_decode_args(batch, filled):
     return st, samp, jnp.full((batch, 8), -1, jnp.int32)
 
 
-def ring_study(batch=16, filled=1900, max_seq_len=2048, window=64, chunk=128, calls=24):
-    """Decode call cost (8 fused steps, wall and process CPU ms, median of interleaved calls) on
-    a Gemma-like tiny model (5 sliding layers of `window` + 1 global) with every slot at
-    `filled` tokens: sliding layers as rings of window + chunk - 1 (the engine's layout) vs
-    holding the whole slot (the layout before rings)."""
+def window_study(batch=16, filled=1900, max_seq_len=2048, window=64, calls=24):
+    """Decode call cost (8 fused steps, wall and process CPU ms, median of interleaved calls)
+    on a Gemma-like tiny model (5 sliding layers of `window` + 1 global) with every slot at
+    `filled` tokens, against the same model with every layer global: a sliding layer reads
+    only the pages its window sees (the former ring layout's gain, without rings)."""
+    from agentax.engine._config import PAGE
     from agentax.engine._kernels import ModelDef, decode_steps
-    from agentax.models import init_cache, kv_cache_bytes
+    from agentax.engine._runner import _page_pool
 
-    cfg = ModelConfig.tiny(num_layers=6, sliding_window=window,
-                           layer_types=("sliding",) * 5 + ("full",))
-    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-    leaves, treedef = jax.tree.flatten(state)
-    model_def = ModelDef(graphdef, treedef)
-    caches = {"ring": init_cache(cfg, batch, max_seq_len, max_tokens_per_call=chunk),
-              "full": init_cache(cfg, batch, max_seq_len)}
+    engine_cfg = EngineConfig(max_slots=batch, max_seq_len=max_seq_len)
+    per_seq = engine_cfg.kv_pages // batch
+    table = jnp.asarray(np.random.default_rng(0).permutation(engine_cfg.kv_pages)
+                        .reshape(batch, per_seq).astype(np.int32))
     st, samp, stop = _active_decode_args(batch, filled)
-    wall = {k: [] for k in caches}
-    cpu = {k: [] for k in caches}
+    runs = {}
+    for name, types in (("sliding", ("sliding",) * 5 + ("full",)), ("global", ("full",) * 6)):
+        cfg = ModelConfig.tiny(num_layers=6, sliding_window=window, layer_types=types)
+        graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+        leaves, treedef = jax.tree.flatten(state)
+        runs[name] = [ModelDef(graphdef, treedef), leaves, _page_pool(cfg, engine_cfg)]
+    wall = {k: [] for k in runs}
+    cpu = {k: [] for k in runs}
     for i in range(calls + 1):  # the first call of each compiles
-        for name in caches:
+        for name, run in runs.items():
             t, c = time.perf_counter(), time.process_time()
-            *out, caches[name] = decode_steps(model_def, leaves, caches[name], st, samp, stop, 8,
-                                              max_seq_len)
+            *out, run[2] = decode_steps(run[0], run[1], run[2], table, st, samp, stop, 8,
+                                        max_seq_len)
             jax.block_until_ready(out)
             if i:
                 wall[name].append(time.perf_counter() - t)
                 cpu[name].append(time.process_time() - c)
     med = {f"{k}_{n}": 1e3 * float(np.median(d[n])) for k, d in (("wall", wall), ("cpu", cpu))
-           for n in caches}
+           for n in runs}
     return {
-        "ring_study_full_over_ring": med["wall_full"] / med["wall_ring"],
-        "ring_study_full_over_ring_cpu": med["cpu_full"] / med["cpu_ring"],
-        "ring_study_ring_ms": med["wall_ring"], "ring_study_full_ms": med["wall_full"],
-        "ring_study_kv_bytes_ring": kv_cache_bytes(cfg, batch, max_seq_len,
-                                                   max_tokens_per_call=chunk),
-        "ring_study_kv_bytes_full": kv_cache_bytes(cfg, batch, max_seq_len),
+        "window_study_global_over_sliding": med["wall_global"] / med["wall_sliding"],
+        "window_study_global_over_sliding_cpu": med["cpu_global"] / med["cpu_sliding"],
+        "window_study_sliding_ms": med["wall_sliding"], "window_study_global_ms": med["wall_global"],
+        "window_study_pages_per_row": per_seq, "window_study_page": PAGE,
     }
 
 
-# ---------------------------------------------------------------------- paging study
-
-
-def paging_study(model, batch=32, filled=120, max_seq_len=1024, calls=24):
-    """Decode call cost (process CPU ms, median of interleaved calls) of the engine's own
-    kernels with every slot at `filled` tokens, attending over 128 positions: the slot layout
-    (a row of max_seq_len per slot, the span sliced) against the paged cache (pages in a
-    random order, the span gathered from them), at 8 fused steps (the default) and at 1; and
-    a prefill call of 8 rows x 64 tokens at positions 64..127 (span 128)."""
-    from agentax.engine._config import PAGE
-    from agentax.engine._kernels import (ModelDef, decode_steps, decode_steps_paged,
-                                         prefill_chunk, prefill_chunk_paged)
-    from agentax.engine._runner import _page_pool
-    from agentax.engine._sampling import RowSampling
-    from agentax.models import init_cache
-
-    cfg = model.config
-    graphdef, state = nnx.split(model)
-    leaves, treedef = jax.tree.flatten(state)
-    model_def = ModelDef(graphdef, treedef)
-    per_seq = max_seq_len // PAGE
-    engine_cfg = EngineConfig(max_slots=batch, max_seq_len=max_seq_len,
-                              kv_cache_tokens=batch * max_seq_len)
-    caches = {"bucket": init_cache(cfg, batch, max_seq_len), "paged": _page_pool(cfg, engine_cfg)}
-    table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
-                        .reshape(batch, per_seq).astype(np.int32))
-    st, samp, stop = _active_decode_args(batch, filled)
-
-    def interleaved(call):
-        """Medians (ms of process CPU) of `call(name)` for both layouts, alternated."""
-        times = {"bucket": [], "paged": []}
-        for i in range(calls + 1):  # the first call of each compiles
-            for name in times:
-                c = time.process_time()
-                *res, caches[name] = call(name)
-                jax.block_until_ready(res)
-                if i:
-                    times[name].append(time.process_time() - c)
-        return (1e3 * float(np.median(times[k])) for k in ("bucket", "paged"))
-
-    out = {}
-    for steps in (8, 1):
-        bucket, paged = interleaved(lambda name: decode_steps_paged(
-            model_def, leaves, caches[name], table, st, samp, stop, steps, max_seq_len)
-            if name == "paged" else decode_steps(model_def, leaves, caches[name], st, samp,
-                                                 stop, steps, 128))
-        tag = "" if steps == 8 else f"_steps_{steps}"
-        out.update({f"paging_study_bucket_ms{tag}": bucket, f"paging_study_paged_ms{tag}": paged,
-                    f"paged_over_bucket_cost{tag}": paged / bucket})
-    # Prefill: 8 rows feed a second chunk of 64 tokens (positions 64..127, span 128).
-    rows, chunk = 8, 64
-    ids = jnp.ones((rows, chunk), jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(chunk, 2 * chunk, dtype=jnp.int32), (rows, chunk))
-    slots = jnp.arange(rows, dtype=jnp.int32)
-    samp = RowSampling(jnp.zeros(rows), jnp.zeros(rows, jnp.int32), jnp.ones(rows),
-                       jnp.zeros(rows, jnp.uint32))
-    bucket, paged = interleaved(lambda name: prefill_chunk_paged(
-        model_def, leaves, caches[name], table, ids, positions, slots, samp, max_seq_len)
-        if name == "paged" else prefill_chunk(model_def, leaves, caches[name], ids, positions,
-                                              slots, samp, 128))
-    out.update({"paging_study_prefill_bucket_ms": bucket, "paging_study_prefill_paged_ms": paged,
-                "paged_over_bucket_prefill_cost": paged / bucket})
-    return out
-
-
-def memory_figures(engine, prompts, lengths):
-    """KV bytes per token held in the slot layout (every sequence holds max_seq_len positions)
-    for the workload's final sequence lengths."""
+def memory_figures(engine, prompts, lengths, sequences_peak):
+    """KV bytes per token the workload's sequences hold (a page is held whole), and the most
+    sequences that held KV at once (`sequences_peak`) over max_slots (what one cache row per
+    slot held)."""
     cfg = engine.config
-    per_token = engine.kv_cache_bytes / (cfg.max_slots * cfg.max_seq_len)
+    per_token = engine.kv_cache_bytes / (cfg.kv_pages * 16)
     held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
     return {
-        "kv_bytes_per_token_held": per_token * cfg.max_seq_len / float(held.mean()),
+        "kv_bytes_per_token_held": per_token * float((np.ceil(held / 16) * 16).mean()
+                                                     / held.mean()),
         "kv_bytes_per_token": per_token,
-        "sequences_in_budget_slots": cfg.max_slots,
+        "sequences_held_over_slots": sequences_peak / cfg.max_slots,
         "mean_sequence_tokens": float(held.mean()),
     }
 
 
-def paged_memory(model, config, prompts, lengths, slot_tokens_per_s, episodes=0):
-    """The same workload on paged engines (`kv_cache_tokens`) with the slot engine's 32 slots,
-    sequences released when all are done (finished ones stay parked, as an agent's between
-    turns; parked paged sequences hold pages, not slots), warm runs:
-    `same`: the slot engine's positions (so its bytes: the tiny model has no sliding layers):
-      sequences_in_budget_paged — the most sequences holding KV at once (measured);
-      paged_tokens_per_s_over_slots — tokens/s over the slot engine's continuous run;
-    `third`: a third of those bytes: paged_third_tokens_per_s_over_slots.
-    With `episodes`, `bench_episodes` on the `same` engine too (`*_paged`): parked episodes
-    between turns hold pages, not slots, so more of them keep their cache.
-    The decode kernels' working set (a gathered span, max_slots x span bucket positions per
-    layer, as the slot layout's sliced span) comes on top of the cache in both layouts:
-    decode_temp_bytes_{slots,paged} at the largest span (XLA's memory analysis)."""
+def paged_memory(model, config, prompts, lengths, auto_tokens_per_s):
+    """The same workload on an engine of a third of the pages ("auto": the pages of
+    max_slots sequences of max_seq_len), sequences released when all are done (finished ones
+    stay parked, as an agent's between turns), warm runs: paged_third_tokens_per_s_over_auto
+    (tokens/s over the "auto" engine's continuous run) and its evictions; and
+    decode_temp_bytes, the decode kernel's working set on top of the cache."""
     params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i) for i, n in enumerate(lengths)]
-    positions = config.max_slots * config.max_seq_len
-    out = {}
-    for key, tokens in (("same", positions), ("third", positions // 3)):
-        cfg = dataclasses.replace(config, kv_cache_tokens=tokens)
-        with Engine(model, cfg) as engine:
-            asyncio.run(_continuous(engine, prompts, params))  # warm-up
-            _, t = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
-            s = engine.stats()
-        ratio = sum(lengths) / t / slot_tokens_per_s
-        if key == "same":
-            held = np.array([len(p) + n for p, n in zip(prompts, lengths)])
-            per_token = engine.kv_cache_bytes / tokens
-            out.update({
-                "sequences_in_budget_paged": s.kv_sequences_peak,
-                "kv_cache_bytes_paged": engine.kv_cache_bytes,
-                # A finished sequence keeps the pages of the positions it wrote.
-                "kv_bytes_per_token_held_paged": per_token * float(
-                    (np.ceil(held / 16) * 16).mean() / held.mean()),
-                "paged_tokens_per_s_over_slots": ratio, "paged_evictions": s.evictions,
-            })
-            if episodes:  # the 4-turn episodes, more of them than slots, on this engine
-                with Engine(model, cfg) as engine:
-                    ep = bench_episodes(engine, episodes)
-                out.update({f"{k}_paged": v for k, v in ep.items()})
-        else:
-            out.update({"paged_third_tokens_per_s_over_slots": ratio,
-                        "paged_third_evictions": s.evictions,
-                        "paged_third_kv_cache_bytes": engine.kv_cache_bytes})
+    cfg = dataclasses.replace(config, kv_cache_tokens=config.kv_pages * 16 // 3)
+    with Engine(model, cfg) as engine:
+        asyncio.run(_continuous(engine, prompts, params))  # warm-up
+        _, t = timed(lambda: asyncio.run(_continuous(engine, prompts, params)))
+        s = engine.stats()
+    out = {"paged_third_tokens_per_s_over_auto": sum(lengths) / t / auto_tokens_per_s,
+           "paged_third_evictions": s.evictions,
+           "paged_third_kv_cache_bytes": engine.kv_cache_bytes}
     out.update(decode_temp_bytes(model, config))
     return out
 
 
 def decode_temp_bytes(model, config):
-    """Temporary bytes XLA allocates for one decode call of the slot layout at the largest
-    span below the slot (it slices its span, a copy) and at the whole slot (read in place),
-    and of the paged layout (no span: its ragged attention reads a block of pages at a
-    time, whatever the lengths)."""
-    from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
+    """Temporary bytes XLA allocates for one decode call (its ragged attention reads a block
+    of pages at a time, whatever the lengths; XLA's memory analysis)."""
+    from agentax.engine._kernels import ModelDef, decode_steps
     from agentax.engine._runner import _page_pool
-    from agentax.models import init_cache
 
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
     model_def = ModelDef(graphdef, treedef)
     b, t = config.max_slots, config.max_seq_len
-    paged_cfg = dataclasses.replace(config, kv_cache_tokens=b * t)
-    cache, pool = init_cache(model.config, b, t), _page_pool(model.config, paged_cfg)
+    pool = _page_pool(model.config, config)
     table = jnp.zeros((b, -(-t // 16)), jnp.int32)
     st, samp, stop = _active_decode_args(b, 0)
     stop = jnp.full((b, config.max_stop_ids), -1, jnp.int32)
-    out = {}
-    for span in (config.attend_buckets[-2] if len(config.attend_buckets) > 1 else t, t):
-        tag = "" if span == t else f"_span_{span}"
-        slot = decode_steps.lower(model_def, leaves, cache, st, samp, stop,
-                                  config.decode_steps_per_call, span).compile()
-        out[f"decode_temp_bytes_slots{tag}"] = slot.memory_analysis().temp_size_in_bytes
-    paged = decode_steps_paged.lower(model_def, leaves, pool, table, st, samp, stop,
-                                     config.decode_steps_per_call, t).compile()
-    out["decode_temp_bytes_paged"] = paged.memory_analysis().temp_size_in_bytes
-    return out
+    paged = decode_steps.lower(model_def, leaves, pool, table, st, samp, stop,
+                               config.decode_steps_per_call, t).compile()
+    return {"decode_temp_bytes": paged.memory_analysis().temp_size_in_bytes}
 
 
 async def _episode(engine, rng_seed, turns, continuation, tool_latency):
@@ -761,13 +659,17 @@ def tp_figures(devices=8):
 def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, repeats,
                filled_pairs=3, prefix_pairs=3, prefix_len=1024):
     model = Transformer(ModelConfig.preset(name), rngs=nnx.Rngs(0))
-    # precompile: every shape the traffic may meet (which row/span buckets a run meets
-    # depends on timing, so a warm-up run alone leaves some to compile inside timed runs).
-    # Prefill calls of at most 8 rows (as the demo's engine) in chunks of 32 or 64: 18 kernels.
-    # Rows up to max_slots and chunks down to 16 would compile 38 kernels (~60 s on a slow
-    # 2-core host); the sweep's rows_32 measures that wider prefill.
+    # precompile: every shape the traffic may meet (which row buckets a run meets depends on
+    # timing, so a warm-up run alone leaves some to compile inside timed runs). Prefill calls
+    # of at most 8 rows (as the demo's engine) in chunks of 32 or 64, and decode: 9 kernels.
+    # Rows up to max_slots and chunks down to 16 would compile 19; the sweep's rows_32
+    # measures that wider prefill. No prefix sharing: every run repeats the very same prompts
+    # (and the re-prefill arm the same histories), which would otherwise be served from the
+    # pages of the run before, measuring the prefix cache instead of batching and
+    # continuation (bench_prefix measures sharing).
     config = EngineConfig(max_slots=slots, max_seq_len=288, prefill_chunk=64,
-                          min_prefill_bucket=32, max_prefill_rows=8, precompile=True)
+                          min_prefill_bucket=32, max_prefill_rows=8, precompile=True,
+                          prefix_sharing=False)
     rng = np.random.default_rng(0)
     out = {}
     with Engine(model, config) as engine:
@@ -779,6 +681,7 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
         asyncio.run(_static(engine, prompts, params, slots))
         warm_compiles = engine.num_compiles
         out.update(bench_batching(engine, prompts, lengths, slots, repeats))
+        sequences_peak = engine.stats().kv_sequences_peak  # the lognormal runs' alone
         out["timed_compiles_batching"] = engine.num_compiles - warm_compiles
         if repeats > 2:  # the full run: an instrumented repeat (informative, no goal)
             out.update(time_split(engine, prompts, lengths))
@@ -788,10 +691,9 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
         out.update(bench_episodes(engine, episodes))
         out["compiles"] = engine.num_compiles
         out["kv_cache_bytes"] = engine.kv_cache_bytes
-        out.update(memory_figures(engine, prompts, lengths))
-    if steps_sweep:  # full run only: another engine, 4x the slots, to compile
-        out.update(paged_memory(model, config, prompts, lengths, out["continuous_tokens_per_s"],
-                                episodes))
+        out.update(memory_figures(engine, prompts, lengths, sequences_peak))
+    if steps_sweep:  # full run only: another engine to compile
+        out.update(paged_memory(model, config, prompts, lengths, out["continuous_tokens_per_s"]))
     if filled_pairs:
         out.update(bench_decode_filled(model, pairs=filled_pairs))
     if prefix_pairs:
@@ -801,17 +703,14 @@ def run_preset(name, *, slots, requests, hf_requests, episodes, steps_sweep, rep
     return out
 
 
-def straggler_study(model, batch=32, short=128, long=4096, max_seq_len=8192, calls=12,
-                    layouts=("paged", "rows")):
+def straggler_study(model, batch=32, short=128, long=4096, max_seq_len=8192, calls=12):
     """A decode call (8 fused steps, process CPU ms, median of interleaved calls) of the
-    engine's paged kernel with 31 slots at `short` tokens and one at `long`, over all slots at
+    engine's kernel with 31 slots at `short` tokens and one at `long`, over all slots at
     `short`: ragged attention reads each row's own pages, so the straggler costs its own
-    tokens. The slot layout's kernel (a dense span bucket covering the longest row) is
-    measured beside it for the same two loads."""
+    tokens."""
     from agentax.engine._config import PAGE
-    from agentax.engine._kernels import ModelDef, decode_steps, decode_steps_paged
+    from agentax.engine._kernels import ModelDef, decode_steps
     from agentax.engine._runner import _page_pool
-    from agentax.models import init_cache
 
     cfg = model.config
     graphdef, state = nnx.split(model)
@@ -820,42 +719,28 @@ def straggler_study(model, batch=32, short=128, long=4096, max_seq_len=8192, cal
     per_seq = max_seq_len // PAGE
     pool = _page_pool(cfg, EngineConfig(max_slots=batch, max_seq_len=max_seq_len,
                                         kv_cache_tokens=batch * max_seq_len))
-    rows = init_cache(cfg, batch, max_seq_len) if "rows" in layouts else None
     table = jnp.asarray(np.random.default_rng(0).permutation(batch * per_seq)
                         .reshape(batch, per_seq).astype(np.int32))
     loads = {}
     for name, last in (("even", short), ("straggler", long)):
         st, samp, stop = _active_decode_args(batch, short)
         loads[name] = (st.at[1, -1].set(last), samp, stop)
-    ms = {}
-    for layout in layouts:
-        times = {name: [] for name in loads}
-        for i in range(calls + 1):  # the first call of each compiles
-            for name, (st, samp, stop) in loads.items():
-                c = time.process_time()
-                if layout == "paged":
-                    *res, pool = decode_steps_paged(model_def, leaves, pool, table, st, samp,
-                                                    stop, 8, max_seq_len)
-                else:
-                    span = EngineConfig(max_seq_len=max_seq_len).attend_bucket(
-                        int(st[1].max()) + 8)
-                    *res, rows = decode_steps(model_def, leaves, rows, st, samp, stop, 8, span)
-                jax.block_until_ready(res)
-                if i:
-                    times[name].append(time.process_time() - c)
-        for name in loads:
-            ms[f"{layout}_{name}"] = 1e3 * float(np.median(times[name]))
-    out = {"straggler_decode_cost": ms["paged_straggler"] / ms["paged_even"],
-           "straggler_study_even_ms": ms["paged_even"],
-           "straggler_study_straggler_ms": ms["paged_straggler"],
-           # The pages the two loads read (+1 per row: its call's own steps), their ratio
-           # being the cost an attention-bound decode cannot go below.
-           "straggler_tokens_read_ratio": ((batch - 1) * short + long) / (batch * short)}
-    if "rows" in layouts:
-        out.update({"straggler_decode_cost_rows": ms["rows_straggler"] / ms["rows_even"],
-                    "straggler_study_rows_even_ms": ms["rows_even"],
-                    "straggler_study_rows_straggler_ms": ms["rows_straggler"]})
-    return out
+    times = {name: [] for name in loads}
+    for i in range(calls + 1):  # the first call of each compiles
+        for name, (st, samp, stop) in loads.items():
+            c = time.process_time()
+            *res, pool = decode_steps(model_def, leaves, pool, table, st, samp, stop, 8,
+                                      max_seq_len)
+            jax.block_until_ready(res)
+            if i:
+                times[name].append(time.process_time() - c)
+    ms = {name: 1e3 * float(np.median(times[name])) for name in loads}
+    return {"straggler_decode_cost": ms["straggler"] / ms["even"],
+            "straggler_study_even_ms": ms["even"],
+            "straggler_study_straggler_ms": ms["straggler"],
+            # The pages the two loads read (+1 per row: its call's own steps), their ratio
+            # being the cost an attention-bound decode cannot go below.
+            "straggler_tokens_read_ratio": ((batch - 1) * short + long) / (batch * short)}
 
 
 def publish_memory(cfg: ModelConfig) -> dict:
@@ -915,10 +800,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny preset, small workloads")
     parser.add_argument("--with-small", action="store_true",
                         help="full run: also the ~20M preset (adds ~15 min on 2 cores)")
-    parser.add_argument("--ring-study", action="store_true",
-                        help="only compare sliding-window rings with whole-slot sliding layers")
-    parser.add_argument("--paging-study", action="store_true",
-                        help="only compare a paged KV cache with span buckets (docs/engine.md)")
+    parser.add_argument("--window-study", action="store_true",
+                        help="only compare decode with sliding-window layers and all global")
     parser.add_argument("--straggler-study", action="store_true",
                         help="only the ragged decode's cost with one long row (straggler)")
     parser.add_argument("--publish-memory", action="store_true",
@@ -941,12 +824,8 @@ def main() -> None:
         model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
         print(json.dumps({k: round(v, 4) for k, v in straggler_study(model).items()}))
         return
-    if args.ring_study:
-        print(json.dumps({k: round(v, 4) for k, v in ring_study().items()}))
-        return
-    if args.paging_study:
-        model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
-        print(json.dumps({k: round(v, 4) for k, v in paging_study(model).items()}))
+    if args.window_study:
+        print(json.dumps({k: round(v, 4) for k, v in window_study().items()}))
         return
     if args.quick:
         # The full run's engine (the same 18 kernels) on a shorter workload: an engine of
@@ -984,10 +863,9 @@ def main() -> None:
                 "system_prompt_hits_across_update"):  # measured on tiny
         figures[key] = figures[f"tiny/{key}"]
     figures["continuous_over_static_tiny"] = figures["tiny/continuous_over_static"]
-    # One long row among short ones: the paged engine's ragged decode (quick: that layout
-    # only, fewer calls; full: the rows layout's dense span beside it).
+    # One long row among short ones: the ragged decode (quick: fewer calls, shorter slots).
     tiny_model = Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0))
-    quick_study = dict(calls=4, layouts=("paged",), max_seq_len=4096 + 128)
+    quick_study = dict(calls=4, max_seq_len=4096 + 128)
     figures.update({k: round(v, 4) for k, v in straggler_study(
         tiny_model, **(quick_study if args.quick else {})).items()})
     if not args.quick:
@@ -998,8 +876,6 @@ def main() -> None:
     figures["engine_kernels_qwen3_0_6b_32k"] = len(long.kernel_shapes())
     figures["engine_kernels_qwen3_0_6b_32k_long_prefill"] = len(dataclasses.replace(
         long, max_prefill_rows=8, prefill_chunk=512, min_prefill_bucket=512).kernel_shapes())
-    figures["engine_kernels_qwen3_0_6b_32k_rows"] = len(dataclasses.replace(
-        long, kv_cache_tokens=0).kernel_shapes())
     if not args.quick:  # ~5 s of compiling; quick has no room for it
         figures.update(publish_memory(ModelConfig.qwen3_0_6b()))
     # Layers under a scan: quick lowers only (~3 s); compiling both takes ~16 s more.

@@ -121,13 +121,13 @@ REAL_RECIPES = {"math_tool_qwen3_0_6b": "qwen3-0.6b", "gsm8k_qwen2_5_0_5b": "qwe
 def recipe_budget(name: str, preset: str) -> dict:
     """The device memory a real-checkpoint recipe needs with trainer and engine on one device:
     the update at its trainer's longest micro-batch (this analysis), the engine's weights in
-    the model's dtype and its KV cache (`kv_cache_bytes`)."""
+    the model's dtype and its KV cache (`page_pool_bytes` of the engine's pages)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from agentax.run._config import load_config
-    from agentax.models import ModelConfig, Transformer, kv_cache_bytes
+    from agentax.models import ModelConfig, Transformer, page_pool_bytes
     from agentax.recipes import recipe_path
     from agentax.train import update_memory
     cfg = load_config(recipe_path(name))
@@ -135,7 +135,7 @@ def recipe_budget(name: str, preset: str) -> dict:
     t = cfg.trainer
     update = update_memory(model, t, rows=t.micro_batch_size, seq_len=t.max_seq_len)
     e = cfg.engine
-    kv = kv_cache_bytes(model, e.max_slots, e.max_seq_len)
+    kv = page_pool_bytes(model, e.kv_pages, e.cache_dtype)
     shapes = nnx.state(nnx.eval_shape(lambda: Transformer(model)))
     weights = sum(int(x.size) * jnp.dtype(model.dtype).itemsize for x in jax.tree.leaves(shapes))
     return {"trainer_peak_gb": round(update.peak_bytes / GB, 2),

@@ -56,8 +56,7 @@ def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
 @pytest.mark.parametrize("overrides,reason,fix", [
     (["pipeline.group_size=1"], "zero advantage", "pipeline.group_size>=2"),
     (["pipeline.max_staleness=-1"], "max_staleness must be >= 0", ""),
-    (["engine.max_slots=8", "engine.kv_cache_tokens=0"], "holds an engine slot",
-     "engine.max_slots=32"),
+    (["engine.kv_cache_tokens=0"], "no longer supported", "use 'auto'"),
     (["sampling.temperature=0"], "identical", "sampling.temperature>0"),
     (["engine.max_seq_len=100"], "holds the whole episode", "engine.max_seq_len"),
     (["collector.max_episode_tokens=512"], "holds the whole episode",  # both knobs in one go
@@ -105,8 +104,9 @@ def test_fixing_one_field_in_the_same_override_set_is_accepted():
 
 def test_a_paged_cache_lets_episodes_outnumber_slots():
     # Parked episodes hold pages, not slots: 8 decode rows serve 32 episodes in flight.
-    cfg = load_config(None, ["engine.max_slots=8", "engine.kv_cache_tokens=4096"])
-    assert cfg.engine.max_slots == 8 < cfg.pipeline.max_concurrency
+    for tokens in ("auto", "4096"):
+        cfg = load_config(None, ["engine.max_slots=8", f"engine.kv_cache_tokens={tokens}"])
+        assert cfg.engine.max_slots == 8 < cfg.pipeline.max_concurrency
 
 
 def test_yaml_round_trip_and_precedence(tmp_path):

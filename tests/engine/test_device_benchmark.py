@@ -36,5 +36,5 @@ def test_device_benchmark_logic_on_tiny_shapes():
                 "prefill_mfu", "train_step_mfu_2x64", "train_predicted_peak_bytes_2x64"):
         assert figures[key] > 0, key
     assert figures["train_loss_finite_2x64"] is True
-    # Engine kernels only: decode once per (batch, span) of 2 batches x 2 contexts, prefill once.
+    # Engine kernels only: decode once per page pool of 2 batches x 2 contexts, prefill once.
     assert figures["engine_compiles"] == 4 + 1

@@ -78,18 +78,24 @@ def test_continuation_equals_one_long_request(engine, model):
     assert stats.prefill_tokens == len(p1) + (1 + len(p2)) + (1 + len(p3)) + len(history)
 
 
-def test_eviction_and_reprefill_give_the_same_tokens(engine, model):
+def test_eviction_and_reprefill_give_the_same_tokens(model):
     first = [[i + 1, i + 2, i + 3] for i in range(CFG.max_slots)]
+    # 8 pages: the parked sequences hold one each, each newcomer reserves three.
+    engine = Engine(model, dataclasses.replace(CFG, kv_cache_tokens=128))
 
     async def scenario():
         c1 = await asyncio.gather(*(engine.generate(p, GREEDY) for p in first))
-        # All slots are parked now; four new sequences evict every one of them.
-        await asyncio.gather(*(engine.generate([99, i], GREEDY) for i in range(CFG.max_slots)))
+        # All four are parked now; four new sequences evict every one of them.
+        await asyncio.gather(*(engine.generate([99, i] + [i] * 20, GREEDY)
+                               for i in range(CFG.max_slots)))
         again = await engine.generate([50, 51], GREEDY, sequence_id=c1[0].sequence_id)
         return c1[0], again
 
-    c1, again = run(scenario())
-    assert engine.stats().evictions >= CFG.max_slots
+    try:
+        c1, again = run(scenario())
+        assert engine.stats().evictions >= CFG.max_slots
+    finally:
+        engine.shutdown()
     history = first[0] + c1.token_ids.tolist() + [50, 51]
     assert again.token_ids.tolist() == reference_greedy(model, history, 12)
 
@@ -157,22 +163,6 @@ def test_weight_update_mid_flight_tags_versions(model):
         engine.shutdown()
 
 
-def test_greedy_across_attention_span_buckets_matches_the_reference(model):
-    # Spans of 16, 32, 64, 160: sequences cross several buckets while decoding, and
-    # prefill chunks of continuations read spans longer than the chunk.
-    config = EngineConfig(max_slots=3, max_seq_len=160, prefill_chunk=32, min_attend_bucket=16,
-                          decode_steps_per_call=4)
-    assert config.attend_buckets == (16, 32, 64, 160)
-    rng = np.random.default_rng(3)
-    prompts = random_prompts(rng, 4, 3, 90)
-    with Engine(model, config) as engine:
-        outs = engine.generate_batch(prompts, SamplingParams(temperature=0.0, max_tokens=40))
-        for prompt, out in zip(prompts, outs):
-            assert out.token_ids.tolist() == reference_greedy(model, prompt, 40, pad_to=160)
-        assert engine.num_compiles <= len(config.attend_buckets) * (
-            1 + len(config.prefill_buckets) * len(config.prefill_row_buckets))
-
-
 def test_precompiled_engine_generates_without_compiling(model, monkeypatch):
     # Shapes no other test uses: the kernels are module-level, shared by equal shapes.
     config = EngineConfig(max_slots=5, max_seq_len=72, prefill_chunk=16, precompile=True)
@@ -196,8 +186,9 @@ def test_precompiled_engine_generates_without_compiling(model, monkeypatch):
             assert (os.getpriority(os.PRIO_PROCESS, engine._thread.native_id)
                     == os.getpriority(os.PRIO_PROCESS, 0))
         compiled = engine.num_compiles
-        assert compiled == len(config.kernel_shapes()) == len(config.attend_buckets) * (
-            1 + len(config.prefill_buckets) * len(config.prefill_row_buckets))
+        # Decode once, prefill per row and chunk bucket, page copies per power of two.
+        assert compiled == len(config.kernel_shapes()) == 1 + len(config.prefill_buckets) * len(
+            config.prefill_row_buckets) + (config.max_slots - 1).bit_length() + 1
         outs = engine.generate_batch(prompts, SamplingParams(temperature=0.0, max_tokens=20))
         assert engine.num_compiles == compiled  # every shape it used was compiled ahead
         for prompt, out in zip(prompts, outs):  # and compiling wrote nothing to the cache
@@ -207,12 +198,12 @@ def test_precompiled_engine_generates_without_compiling(model, monkeypatch):
         assert plain.wait_compiled(timeout=30) and plain.num_compiles == 0
 
 
-def test_paged_engine_compiles_one_decode_kernel_whatever_the_lengths(model):
+def test_engine_compiles_one_decode_kernel_whatever_the_lengths(model):
     """Paged attention takes no span: long and short sequences, prefilled in several chunks
-    and decoded across what would be several span buckets, run on the precompiled kernels
-    (decode once, prefill per row and chunk bucket) and match the reference."""
-    config = EngineConfig(max_slots=3, max_seq_len=160, prefill_chunk=32, min_attend_bucket=16,
-                          decode_steps_per_call=4, kv_cache_tokens="auto", precompile=True)
+    and decoded over growing lengths, run on the precompiled kernels (decode once, prefill per
+    row and chunk bucket) and match the reference."""
+    config = EngineConfig(max_slots=3, max_seq_len=160, prefill_chunk=32,
+                          decode_steps_per_call=4, precompile=True)
     assert config.kv_pages == 3 * 160 // 16
     assert config.kernel_shapes() == [("decode",)] + [
         ("prefill", r, c) for r in (1, 2, 3) for c in (16, 32)] + [
@@ -229,9 +220,9 @@ def test_paged_engine_compiles_one_decode_kernel_whatever_the_lengths(model):
         assert engine.num_compiles == compiled
 
 
-def test_paged_cache_generates_what_the_slot_layout_does(engine, model):
-    """Six 3-turn conversations on 4 slots, greedy and sampled: a paged cache of 128 positions
-    (8 pages; the slots hold 4 x 96) must evict and re-prefill more, and give the same tokens."""
+def test_small_page_pool_generates_what_a_large_one_does(engine, model):
+    """Six 3-turn conversations on 4 slots, greedy and sampled: a cache of 128 positions
+    (8 pages; "auto" holds 24) must evict and re-prefill more, and give the same tokens."""
     paged = Engine(model, dataclasses.replace(CFG, kv_cache_tokens=128))
     rng = np.random.default_rng(5)
     prompts = random_prompts(rng, 6, 2, 40)

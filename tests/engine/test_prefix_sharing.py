@@ -16,7 +16,7 @@ from agentax.engine._scheduler import Scheduler
 from agentax.records import SamplingParams
 
 SHARED = EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32, min_prefill_bucket=8,
-                      min_attend_bucket=32, decode_steps_per_call=4, kv_cache_tokens=256)
+                      decode_steps_per_call=4, kv_cache_tokens=256)
 
 
 def request(ids, max_tokens=4, sequence_id=None, seed=0):

@@ -113,7 +113,8 @@ def test_cancelling_a_request_frees_its_slot_for_a_waiting_one(engine):
     assert out.num_tokens == 2 and out.queue_time_s > 0
     stats = engine.stats()
     assert stats.active_slots == 0 and stats.failed == CFG.max_slots  # cancelled, counted
-    assert stats.free_slots == CFG.max_slots - 1  # only the waiter's sequence stays parked
+    # Only the waiter's sequence stays parked, in its pages: it holds no slot.
+    assert stats.free_slots == CFG.max_slots and stats.parked_slots == 1
 
 
 def test_shutdown_fails_pending_requests(engine):

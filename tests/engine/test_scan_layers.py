@@ -1,7 +1,7 @@
 """The engine's kernels run a deep model's layers as one scan over weights and a KV cache held
-stacked (`EngineConfig.scan_layers`): the same tokens as the unrolled kernels (rows and
-pages, prefix sharing, continuations, in-place weight publication, Gemma-like layers of
-different windows and RoPE), and a decode kernel whose size does not grow with depth."""
+stacked (`EngineConfig.scan_layers`): the same tokens as the unrolled kernels (prefix
+sharing, continuations, in-place weight publication, Gemma-like layers of different windows
+and RoPE), and a decode kernel whose size does not grow with depth."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import dataclasses
 
 import jax
 import numpy as np
-import pytest
 from flax import nnx
 
 from agentax.engine import Engine, EngineConfig
@@ -23,12 +22,8 @@ DEEP = ModelConfig.tiny(num_layers=6)
 GEMMA_LIKE = ModelConfig.tiny(num_layers=6, sliding_window=24, rope_local_theta=1000.0,
                               layer_types=("sliding", "sliding", "full") * 2,
                               attn_logit_softcap=20.0)
-ROWS, PAGES = 0, "auto"
-
-
-def _engine_config(kv, scan, **kw):
-    return EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32, kv_cache_tokens=kv,
-                        scan_layers=scan, **kw)
+def _engine_config(scan, **kw):
+    return EngineConfig(max_slots=4, max_seq_len=96, prefill_chunk=32, scan_layers=scan, **kw)
 
 
 def _prompts():
@@ -49,20 +44,18 @@ async def _episodes(engine, prompts):
     return [(c.token_ids.tolist(), c.logprobs) for c in first + more]
 
 
-def _run(model, kv, scan, prompts=None):
-    with Engine(model, _engine_config(kv, scan)) as engine:
+def _run(model, scan, prompts=None):
+    with Engine(model, _engine_config(scan)) as engine:
         assert engine._runner.scanned is scan
         out = asyncio.run(_episodes(engine, prompts or _prompts()))
         return out, engine.stats()
 
 
-@pytest.mark.parametrize("layout", [ROWS, PAGES], ids=["rows", "pages"])
-def test_scanned_engine_decodes_the_unrolled_engines_tokens(layout):
+def test_scanned_engine_decodes_the_unrolled_engines_tokens():
     model = Transformer(DEEP, rngs=nnx.Rngs(0))
-    unrolled, _ = _run(model, layout, False)
-    scanned, stats = _run(model, layout, True)
-    if layout == PAGES:
-        assert stats.prefix_hit_tokens > 0  # the shared prompt pages were shared
+    unrolled, _ = _run(model, False)
+    scanned, stats = _run(model, True)
+    assert stats.prefix_hit_tokens > 0  # the shared prompt pages were shared
     for (tok_u, lp_u), (tok_s, lp_s) in zip(unrolled, scanned, strict=True):
         assert tok_s == tok_u
         np.testing.assert_allclose(lp_s, lp_u, atol=2e-5)
@@ -70,9 +63,8 @@ def test_scanned_engine_decodes_the_unrolled_engines_tokens(layout):
 
 
 def test_auto_scans_deep_models_only():
-    deep = Engine(Transformer(DEEP, rngs=nnx.Rngs(0)), _engine_config(PAGES, "auto"))
-    shallow = Engine(Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0)),
-                     _engine_config(PAGES, "auto"))
+    deep = Engine(Transformer(DEEP, rngs=nnx.Rngs(0)), _engine_config("auto"))
+    shallow = Engine(Transformer(ModelConfig.tiny(), rngs=nnx.Rngs(0)), _engine_config("auto"))
     try:
         assert deep._runner.scanned and not shallow._runner.scanned
         assert isinstance(deep._runner.cache, StackedKV)
@@ -83,26 +75,23 @@ def test_auto_scans_deep_models_only():
         shallow.shutdown()
 
 
-def test_layers_of_different_windows_scan_over_pages_and_stay_unrolled_over_rows():
+def test_layers_of_different_windows_scan():
     model = Transformer(GEMMA_LIKE, rngs=nnx.Rngs(1))
     prompts = [list(range(1, 60)), list(range(100, 130)), [5, 6, 7]]  # past the 24 window
-    unrolled, _ = _run(model, PAGES, False, prompts)
-    scanned, _ = _run(model, PAGES, True, prompts)
+    unrolled, _ = _run(model, False, prompts)
+    scanned, _ = _run(model, True, prompts)
     for (tok_u, lp_u), (tok_s, lp_s) in zip(unrolled, scanned, strict=True):
         assert tok_s == tok_u
         np.testing.assert_allclose(lp_s, lp_u, atol=2e-5)
-    with Engine(model, _engine_config(ROWS, "auto")) as engine:  # rings: not stackable
-        assert not engine._runner.scanned
-        assert "sliding windows" in engine._runner.unrolled_reason
-    with pytest.raises(ValueError, match="scan_layers=True"):
-        Engine(model, _engine_config(ROWS, True))
+    with Engine(model, _engine_config("auto")) as engine:  # windows and RoPE as scanned data
+        assert engine._runner.scanned and engine._runner.unrolled_reason is None
 
 
 def test_in_place_publication_writes_the_stacked_buffers_and_decodes_the_new_weights():
     model, other = (Transformer(DEEP, rngs=nnx.Rngs(s)) for s in (0, 1))
     prompts = _prompts()
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
-    engine = Engine(model, _engine_config(PAGES, True))
+    engine = Engine(model, _engine_config(True))
     try:
         before = [c.token_ids.tolist() for c in engine.generate_batch(prompts, greedy)]
         compiles = engine.num_compiles
@@ -118,7 +107,7 @@ def test_in_place_publication_writes_the_stacked_buffers_and_decodes_the_new_wei
         assert engine.num_compiles == compiles
     finally:
         engine.shutdown()
-    with Engine(other, _engine_config(PAGES, False)) as fresh:
+    with Engine(other, _engine_config(False)) as fresh:
         expected = [c.token_ids.tolist() for c in fresh.generate_batch(prompts, greedy)]
     assert published == expected and swapped == expected
     assert back == before and published != before
@@ -128,24 +117,23 @@ def test_packing_round_trips_the_model_leaves():
     model = Transformer(DEEP, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
-    model_def = ModelDef(graphdef, treedef, plan_layer_stack(model, traced_window=False))
+    model_def = ModelDef(graphdef, treedef, plan_layer_stack(model))
     packed = model_def.pack(leaves)
     assert len(packed) == len(leaves) - (DEEP.num_layers - 1) * len(model_def.stack.layer_index)
     for a, b in zip(model_def.unpack(packed), leaves, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
-def _decode_hlo_ops(num_layers: int, scan: bool, kv=PAGES) -> int:
+def _decode_hlo_ops(num_layers: int, scan: bool) -> int:
     """Ops of the decode kernel lowered on abstract arrays (nothing allocated)."""
     text = lower_decode(dataclasses.replace(DEEP, num_layers=num_layers),
-                        _engine_config(kv, scan)).as_text()
+                        _engine_config(scan)).as_text()
     return sum(1 for line in text.splitlines() if " = " in line)
 
 
-@pytest.mark.parametrize("layout", [ROWS, PAGES], ids=["rows", "pages"])
-def test_the_scanned_decode_kernel_does_not_grow_with_depth(layout):
-    scanned = [_decode_hlo_ops(n, True, layout) for n in (6, 12)]
-    unrolled = [_decode_hlo_ops(n, False, layout) for n in (6, 12)]
+def test_the_scanned_decode_kernel_does_not_grow_with_depth():
+    scanned = [_decode_hlo_ops(n, True) for n in (6, 12)]
+    unrolled = [_decode_hlo_ops(n, False) for n in (6, 12)]
     assert scanned[1] == scanned[0]
     assert unrolled[1] > 1.6 * unrolled[0]
     assert scanned[0] < unrolled[0]
@@ -157,7 +145,7 @@ def test_top_logprobs_scores_with_the_stacked_weights():
     model = Transformer(DEEP, rngs=nnx.Rngs(0))
     got = {}
     for scan in (False, True):
-        with Engine(model, _engine_config(PAGES, scan)) as engine:
+        with Engine(model, _engine_config(scan)) as engine:
             got[scan] = top_logprobs(engine, np.arange(1, 20), np.arange(30, 36), 1.0, 3)
     for row_u, row_s in zip(got[False], got[True], strict=True):
         assert [t for t, _ in row_s] == [t for t, _ in row_u]
@@ -177,7 +165,7 @@ def test_the_in_place_write_into_stacked_buffers_allocates_nothing():
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(model)
     shapes, treedef = jax.tree.flatten(state)
-    model_def = ModelDef(graphdef, treedef, plan_layer_stack(model, traced_window=True))
+    model_def = ModelDef(graphdef, treedef, plan_layer_stack(model))
     old = jax.eval_shape(model_def.pack, shapes)
     new = [jax.ShapeDtypeStruct(x.shape, np.float32) for x in shapes]
     place = SingleDeviceSharding(jax.devices()[0])

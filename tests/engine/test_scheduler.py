@@ -1,5 +1,5 @@
-"""The host-side scheduler alone: admission, slots, LRU eviction, prefill planning, finish
-reasons and stop strings. No JAX, no device: the tests drive it with made-up sampled tokens."""
+"""The host-side scheduler alone: admission, slots and pages, LRU eviction, prefill planning,
+finish reasons and stop strings. No JAX, no device: the tests drive it with made-up sampled tokens."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from agentax.engine._scheduler import Scheduler
 from agentax.records import FinishReason, SamplingParams
 
 CFG = EngineConfig(max_slots=3, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8,
-                   min_attend_bucket=64, decode_steps_per_call=4)
+                   decode_steps_per_call=4)
 
 
 def request(ids, params=None, sequence_id=None, eos=()):
@@ -67,7 +67,6 @@ def test_fifo_admission_fills_free_slots_then_waits():
     assert plan.positions_rc[2, :6].tolist() == [CFG.max_seq_len] * 6
     assert plan.positions_rc[0, 4:].tolist() == [0, 1, 2, 3]
     assert plan.tokens_rc[1, 5:].tolist() == [2, 2, 2]
-    assert plan.attend_len == 64
 
 
 def test_long_prompts_are_chunked_within_the_token_budget():
@@ -83,7 +82,6 @@ def test_long_prompts_are_chunked_within_the_token_budget():
     # 32, then for two rows of 8: the last 4 tokens and the short prompt share a call.
     assert [p.num_tokens for p in plans] == [32, 32, 32, 4 + 3]
     assert [p.tokens_rc.shape for p in plans] == [(1, 32)] * 3 + [(2, 8)]
-    assert [p.attend_len for p in plans] == [128] * 4
     assert reqs[0].seq.cached == 100 and sched.active.tolist() == [True, True, False, False]
     assert sched.pos[0] == 100 and sched.tok[0] == 7  # sampled token pending at position 100
 
@@ -92,8 +90,8 @@ def test_prefill_rows_go_to_the_calls_that_pad_least():
     cfg = EngineConfig(max_slots=32, max_seq_len=512, prefill_chunk=32, min_prefill_bucket=8)
     sched = Scheduler(cfg)
     lengths = [20, 5, 30, 7, 12, 25, 9, 31, 6]  # 9 rows: one call of 16 x 32 would pad 7 rows
-    for n in lengths:
-        sched.accept(request([1] * n))
+    for i, n in enumerate(lengths):  # distinct prompts: none waits to share another's pages
+        sched.accept(request([i + 1] * n))
     sched.admit()
     plans = sched.plan_prefill()
     # Rows of up to 32, 16 and 8 tokens: 128 + 32 + 32 padded tokens and 3 x 32 per call
@@ -110,19 +108,18 @@ def test_prefill_rows_go_to_the_calls_that_pad_least():
         [2], [3], [4, 1], [4, 2], [7], [8, 1], [8, 4], [16, 8], [16, 8, 1]]
 
 
-def test_decode_plan_span_covers_the_positions_before_the_longest_sequence():
+def test_decode_plan_packs_each_slot_state():
     sched = Scheduler(CFG)
     for n in (10, 64):
         sched.accept(request([1] * n, SamplingParams(temperature=0.0, max_tokens=100)))
     sched.admit()
     prefill_all(sched)
     plan = sched.plan_decode()
-    assert plan.state_4s[1, :2].tolist() == [10, 64] and plan.active == 2
-    # Positions 0..63 are cached; the 4 fused steps (64..67) read their own buffer.
-    assert plan.attend_len == 64
+    # Pending token, its position, active flag, tokens still allowed (the prefill sampled one).
+    assert plan.state_4s[:, :2].tolist() == [[7, 7], [10, 64], [1, 1], [99, 99]]
+    assert plan.active == 2 and plan.steps == 4 and plan.state_4s[2, 2] == 0
     decode(sched, lambda s, j: 5)
-    assert sched.plan_decode().attend_len == 128  # 68 cached positions do not fit in 64
-    assert CFG.attend_buckets == (64, 128, 256, 512)
+    assert sched.plan_decode().state_4s[:, :2].tolist() == [[5, 5], [14, 68], [1, 1], [95, 95]]
 
 
 def test_finish_reasons_eos_stop_id_length_and_slot_full():
@@ -148,11 +145,15 @@ def test_finish_reasons_eos_stop_id_length_and_slot_full():
                        FinishReason.SLOT_FULL]
     assert [r.result.token_ids.tolist() for r in reqs[:3]] == [[9, 9, 2], [9, 9, 9, 3], [9, 9, 9]]
     assert reqs[3].result.num_tokens == 5 and reqs[0].result.versions.tolist() == [0, 1, 1]
-    assert not sched.active.any() and sched.slot_counts() == (0, 4, 0)  # parked
+    # Parked: each keeps its pages, no slot.
+    assert not sched.active.any() and sched.slot_counts() == (0, 4, 4)
 
 
-def test_lru_eviction_and_continuation_in_the_parked_slot():
-    sched = Scheduler(CFG)
+def test_lru_eviction_and_continuation_of_a_parked_sequence():
+    # 3 pages of 16 positions; each sequence here fits in one.
+    cfg = EngineConfig(max_slots=3, max_seq_len=32, prefill_chunk=32, min_prefill_bucket=8,
+                       decode_steps_per_call=4, kv_cache_tokens=48)
+    sched = Scheduler(cfg)
     first = [request([i + 1, i + 2]) for i in range(3)]
     for r in first:
         sched.accept(r)
@@ -161,12 +162,13 @@ def test_lru_eviction_and_continuation_in_the_parked_slot():
     while sched.active.any():
         decode(sched, lambda s, j: 40 + s)
     ids = [r.result.sequence_id for r in first]
+    assert not sched.free_pages and sched.slot_counts() == (0, 3, 3)
     # Continue sequence 2 first and sequence 0 next: sequence 1 becomes least recently used.
     for sid in (ids[2], ids[0]):
         cont = request([50], sequence_id=sid)
         sched.accept(cont)
         sched.admit()
-        assert cont.seq.slot == first[ids.index(sid)].seq.slot
+        assert cont.seq.slot is not None and sched.counts["evictions"] == 0
         assert cont.pending == [cont.seq.tokens[-2], 50]  # the last sampled token + the new one
         prefill_all(sched)
         while sched.active.any():
@@ -174,13 +176,14 @@ def test_lru_eviction_and_continuation_in_the_parked_slot():
     newcomer = request([9, 9, 9])
     sched.accept(newcomer)
     sched.admit()
-    assert newcomer.seq.slot == 1 and sched.counts["evictions"] == 1
+    assert newcomer.seq.slot is not None and sched.counts["evictions"] == 1
+    assert first[1].seq.pages == [] and first[0].seq.pages and first[2].seq.pages
     # The evicted sequence's history stays: continuing it re-prefills everything.
     back = request([70], sequence_id=ids[1])
     sched.accept(back)
-    sched.admit()  # evicts the least recently used parked one (sequence 2, slot 2)
-    assert back.seq.slot == 2 and back.pending == first[1].seq.tokens
-    assert sched.counts["evictions"] == 2
+    sched.admit()  # evicts the least recently used parked one (sequence 2)
+    assert back.seq.slot is not None and back.pending == first[1].seq.tokens
+    assert sched.counts["evictions"] == 2 and first[2].seq.pages == [] and first[0].seq.pages
 
 
 def test_errors_cancel_release_and_fail_all():
@@ -257,19 +260,10 @@ def test_scheduler_and_these_tests_import_no_jax():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-def test_attend_bucket_is_the_shortest_span_that_covers_the_length():
-    assert [CFG.attend_bucket(n) for n in (1, 64, 65, 500, 600)] == [64, 64, 128, 512, 512]
-    assert EngineConfig(max_seq_len=96).attend_buckets == (96,)
-    assert EngineConfig(max_seq_len=300).attend_buckets == (128, 300)
-    assert EngineConfig(max_seq_len=160).attend_buckets == (160,)
-    with pytest.raises(ValueError, match="min_attend_bucket must be a power of two"):
-        EngineConfig(min_attend_bucket=100)
-
-
 # ---------------------------------------------------------------------- paged cache
 
 PAGED = EngineConfig(max_slots=4, max_seq_len=64, prefill_chunk=32, min_prefill_bucket=8,
-                     min_attend_bucket=64, decode_steps_per_call=4, kv_cache_tokens=64)
+                     decode_steps_per_call=4, kv_cache_tokens=64)
 
 
 def finish_all(sched, token=5):
@@ -306,7 +300,7 @@ def test_paged_admission_reserves_pages_waits_fifo_and_keeps_only_what_was_writt
     finish_all(sched)
     # a wrote 10 + 9 positions and keeps their 2 pages, parked, without a slot; b's 3 evict it.
     assert a.result.num_tokens == 10 and len(a.seq.pages) == 2 and a.seq.slot is None
-    assert sched.slot_counts() == (0, 0, 4)
+    assert sched.slot_counts() == (0, 1, 4)
     sched.admit()
     assert sched.counts["evictions"] == 1 and a.seq.pages == [] and a.seq.slot is None
     assert len(b.seq.pages) == 3 and len(c.seq.pages) == 1 and not sched.waiting
@@ -326,7 +320,7 @@ def test_paged_parked_sequences_hold_pages_not_slots():
         sched.accept(r)
     sched.admit()
     finish_all(sched)
-    assert sched.slot_counts() == (0, 0, 4) and sched.holders == 4
+    assert sched.slot_counts() == (0, 4, 4) and sched.holders == 4
     # Two new conversations: slots are free, pages are not (LRU parked ones go) ...
     more = [request([9], SamplingParams(max_tokens=2)) for _ in range(2)]
     for r in more:
@@ -378,8 +372,12 @@ def test_paged_cache_must_hold_one_whole_sequence():
     with pytest.raises(ValueError, match="kv_cache_tokens=40 cannot hold one sequence"):
         EngineConfig(max_seq_len=64, kv_cache_tokens=40)
     assert EngineConfig(max_seq_len=64, kv_cache_tokens=63).kv_pages == 4
-    # "auto": the rows' positions, paged
+    # "auto" (the default): max_slots x max_seq_len positions
+    assert EngineConfig(max_slots=3, max_seq_len=64).kv_pages == 12
     assert EngineConfig(max_slots=3, max_seq_len=64, kv_cache_tokens="auto").kv_pages == 12
+    # 0 meant one cache row per slot, a layout that is gone: an error that says what to do.
+    with pytest.raises(ValueError, match="kv_cache_tokens=0 .* no longer supported.*'auto'"):
+        EngineConfig(kv_cache_tokens=0)
     with pytest.raises(ValueError, match="'auto' \\(pages for max_slots x max_seq_len\\)"):
         EngineConfig(max_seq_len=64, kv_cache_tokens=-1)
 
@@ -397,7 +395,7 @@ def test_paged_cancel_release_and_failure_return_every_page():
     decode(sched, lambda s, j: 3)
     assert sched.pages_used() == 4 and sched.holders == 2
     sched.cancel(running)  # mid-decode: its sequence and its 3 pages go
-    assert sched.pages_used() == 1 and sched.slot_counts() == (0, 0, 4)
+    assert sched.pages_used() == 1 and sched.slot_counts() == (0, 1, 4)
     assert_pages_consistent(sched)
     cont = request([4], SamplingParams(max_tokens=30), sequence_id=parked.result.sequence_id)
     sched.accept(cont)

@@ -113,23 +113,24 @@ def ax_logits(model, ids, positions=None, segment_ids=None, mask=None) -> np.nda
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def greedy_kernel(graphdef, state, prompt_bt, steps, max_seq_len):
-    """Prefill with forward_cached, then `steps` greedy decode steps in one lax.scan."""
-    from agentax.models import init_cache
+    """Prefill over pages (`paged_forward`), then `steps` greedy decode steps in one
+    lax.scan, each a one-token `paged_forward`."""
+    from agentax.models import PAGE, init_page_pool, paged_forward
 
     model = nnx.merge(graphdef, state)
     b, t = prompt_bt.shape
-    cache = init_cache(model.config, b, max_seq_len)
+    per_row = -(-max_seq_len // PAGE)
+    cache = init_page_pool(model.config, b * per_row)
+    table = jnp.arange(b * per_row, dtype=jnp.int32).reshape(b, per_row)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, cache = model.forward_cached(
-        prompt_bt, positions, cache, last_only=True
-    )  # [B, V]
+    logits, cache = paged_forward(model, prompt_bt, positions, cache, table, max_seq_len,
+                                  last_only=True)  # [B, V]
     first = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def step(carry, _):
         token_b, pos, cache = carry
-        logits, cache = model.forward_cached(
-            token_b[:, None], jnp.full((b, 1), pos, jnp.int32), cache
-        )  # [B, 1, V]
+        logits, cache = paged_forward(model, token_b[:, None], jnp.full((b, 1), pos, jnp.int32),
+                                      cache, table, max_seq_len, last_only=False)  # [B, 1, V]
         nxt = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
         return (nxt, pos + 1, cache), token_b
 

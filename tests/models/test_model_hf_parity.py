@@ -22,7 +22,7 @@ from models_helpers import (
 )
 
 from agentax.models import load_pretrained, save_pretrained
-from agentax.models._cache import positions_from_segments
+from agentax.models._layers import positions_from_segments
 
 B, T = 2, 40
 TOL = 1e-4

@@ -1,8 +1,8 @@
 """agentax.engine: continuous-batching generation in JAX with an asyncio front end.
 
-`Engine(model, EngineConfig(...), eos_token_ids=...)` owns a preallocated KV cache (rows of
-`max_slots` sequences, or a pool of pages with `kv_cache_tokens`) and a background step thread; `await engine.generate(ids, params,
-sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions;
+`Engine(model, EngineConfig(...), eos_token_ids=...)` owns a preallocated KV cache (a pool
+of 16-token pages, `kv_cache_tokens` positions) and a background step thread, and decodes up
+to `max_slots` sequences together; `await engine.generate(ids, params, sequence_id=...)` returns a `records.Completion` with per-token logprobs and policy versions;
 `engine.stream(...)` yields its `TokenChunk`s as they are sampled, then the `Completion`.
 See docs/engine.md.
 

@@ -8,7 +8,7 @@ from typing import Literal
 __all__ = ["EngineConfig", "EngineStats", "PAGE"]
 
 PAGE = 16
-"""Positions per page of a paged KV cache (`EngineConfig.kv_cache_tokens`)."""
+"""Positions per page of the engine's KV cache (`EngineConfig.kv_cache_tokens`)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -16,7 +16,8 @@ class EngineConfig:
     """Size and scheduling knobs of `Engine`. Every field is read by the engine."""
 
     max_slots: int = 16
-    """Number of sequences decoded together (rows of the preallocated KV cache)."""
+    """Number of sequences decoded together (rows of a decode call; a sequence's KV lives in
+    its pages, not in its slot)."""
     max_seq_len: int = 1024
     """Tokens one slot holds (prompt + all turns + generated); the last one is never fed."""
     prefill_chunk: int = 128
@@ -38,34 +39,28 @@ class EngineConfig:
 
     8 measured fastest on CPU (docs/engine.md): one host round trip per 8 tokens per slot;
     a slot that finishes mid-call idles for the rest of that call."""
-    min_attend_bucket: int = 128
-    """Shortest attention span. Prefill and decode attend over a power-of-two bucket (from
-    this up to max_seq_len / 2, then max_seq_len) covering the longest sequence in the call,
-    not the whole slot."""
     max_stop_ids: int = 8
     """Capacity of the per-slot stop-id table (eos ids + SamplingParams.stop_ids)."""
     max_sequences: int = 65536
     """Parked sequences kept on the host; past this the least recently used one is forgotten."""
-    kv_cache_tokens: int | Literal["auto"] = 0
-    """KV positions the cache holds for all sequences together. 0: one row of max_seq_len
-    positions per slot, preallocated (max_slots x max_seq_len). Set: a pool of 16-token
-    pages, so held memory follows the tokens: a sequence holds the pages its tokens fill
-    (while a request runs, also those its max_tokens may fill); a finished one keeps its
-    pages but not its slot, so parked conversations are bounded by pages, not max_slots. A
-    request waits until its pages are free (parked sequences are evicted for them, least
-    recently continued first). "auto": pages for max_slots x max_seq_len positions (the rows'
-    memory, paged: prefix sharing and ragged attention at no memory cost; the CLI's
-    default). Set explicitly: at least max_seq_len - 1. With rows, a decode call's working
-    set (max_slots x its span bucket, all layers) comes on top (docs/engine.md); pages read
-    each row's own pages in place."""
+    kv_cache_tokens: int | Literal["auto"] = "auto"
+    """KV positions the cache holds for all sequences together, as a pool of 16-token pages
+    (the engine's only KV layout), so held memory follows the tokens: a sequence holds the
+    pages its tokens fill (while a request runs, also those its max_tokens may fill); a
+    finished one keeps its pages but not its slot, so parked conversations are bounded by
+    pages, not max_slots. A request waits until its pages are free (parked sequences are
+    evicted for them, least recently continued first). "auto": max_slots x the pages of one
+    sequence of max_seq_len (every slot can run a whole one at once). A number: at least
+    max_seq_len - 1. 0 is an error (it meant one row per slot, a layout that is gone: "auto"
+    takes the same memory, up to a page per slot)."""
     prefix_sharing: bool = True
-    """With a paged cache: requests whose prompts start with the same full 16-token pages
+    """Requests whose prompts start with the same full 16-token pages
     share those pages instead of prefilling them again (a group's samples, a system prompt
     and tool list repeated across episodes). Pages a prefill wrote are indexed by their
     tokens and everything before them; a shared page is never written (copy on write for the
     one page a prompt ending on a page boundary must rewrite). Requests submitted together
     with the same prompt wait for the first one's prefill, then share it. Off: every prompt
-    is prefilled. No effect without `kv_cache_tokens`."""
+    is prefilled."""
     prefix_version_bound: int = 0
     """How many policy versions shared KV may lag the engine's current weights: K/V computed
     under version v is reused only while `current - v <= prefix_version_bound` (0: only KV of
@@ -79,13 +74,13 @@ class EngineConfig:
     """Run the decoder layers in the engine's kernels as one `lax.scan` over weights and a KV
     cache held stacked along a layer axis (packed once per weight version), so kernel size
     and compile time do not grow with depth. "auto": for models of SCAN_AUTO_MIN_LAYERS (5)
-    layers or more whose layers can be stacked (otherwise unrolled, logged why; with rows,
-    Gemma 3's layers of different windows stay unrolled). True: scan or raise why not."""
+    layers or more whose layers can be stacked (otherwise unrolled, logged why). True: scan
+    or raise why not."""
     cache_dtype: str | None = None
     """KV-cache dtype; None uses the model's compute dtype."""
     precompile: bool = False
-    """Compile every kernel shape (decode per attention span; prefill per row bucket x chunk
-    bucket x span) when the engine starts, in its step thread (requests queue meanwhile), so
+    """Compile every kernel shape (decode once; prefill per row bucket x chunk bucket; the
+    copy-on-write page copies) when the engine starts, in its step thread (requests queue meanwhile), so
     that no request waits for a compilation later. Off: shapes compile the first time traffic
     needs them."""
     idle_wait_s: float = 0.05
@@ -111,10 +106,6 @@ class EngineConfig:
         need(self.max_prefill_rows >= 0, "max_prefill_rows must be >= 0 (0 = max_slots)")
         need(self.decode_steps_per_call >= 1, "decode_steps_per_call must be >= 1")
         need(self.max_stop_ids >= 1, "max_stop_ids must be >= 1")
-        need(
-            _is_pow2(self.min_attend_bucket),
-            f"min_attend_bucket must be a power of two, got {self.min_attend_bucket}",
-        )
         need(self.max_sequences >= self.max_slots, "max_sequences must be >= max_slots")
         need(self.scan_layers in (True, False, "auto"),
              f"scan_layers must be True, False or 'auto', got {self.scan_layers!r}")
@@ -122,23 +113,24 @@ class EngineConfig:
              f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
         need(self.prefix_version_bound >= 0,
              f"prefix_version_bound must be >= 0, got {self.prefix_version_bound}")
-        need(self.kv_cache_tokens in (0, "auto") or (
-            isinstance(self.kv_cache_tokens, int) and self.kv_cache_tokens >= self.max_seq_len - 1),
+        need(self.kv_cache_tokens != 0,
+             "kv_cache_tokens=0 (one cache row per slot) is no longer supported: the KV cache "
+             "is always paged; use 'auto' (the pages of max_slots sequences of max_seq_len, "
+             "the rows' memory) or a number of positions")
+        need(self.kv_cache_tokens == "auto" or (
+            isinstance(self.kv_cache_tokens, int) and not isinstance(self.kv_cache_tokens, bool)
+            and self.kv_cache_tokens >= self.max_seq_len - 1),
              f"kv_cache_tokens={self.kv_cache_tokens!r} cannot hold one sequence of max_seq_len="
-             f"{self.max_seq_len}: set it to 0 (a row per slot), 'auto' (pages for max_slots x "
-             f"max_seq_len) or >= {self.max_seq_len - 1}")
-
-    @property
-    def paged_tokens(self) -> int:
-        """Positions of the paged cache (`kv_cache_tokens` with "auto" resolved; 0: rows)."""
-        if self.kv_cache_tokens == "auto":
-            return self.max_slots * self.max_seq_len
-        return self.kv_cache_tokens
+             f"{self.max_seq_len}: set it to 'auto' (pages for max_slots x max_seq_len) or "
+             f">= {self.max_seq_len - 1}")
 
     @property
     def kv_pages(self) -> int:
-        """Pages of the paged cache (0: one row per slot instead)."""
-        return -(-self.paged_tokens // PAGE)
+        """Pages of the KV cache (`kv_cache_tokens` with "auto" resolved: max_slots x the
+        pages of the max_seq_len - 1 positions a sequence may write)."""
+        if self.kv_cache_tokens == "auto":
+            return self.max_slots * -(-(self.max_seq_len - 1) // PAGE)
+        return -(-self.kv_cache_tokens // PAGE)
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
@@ -168,43 +160,18 @@ class EngineConfig:
         """Bucketed tokens (rows x chunk, as if in one call) one iteration's prefill may take."""
         return self.prefill_token_budget or self.prefill_rows * self.prefill_chunk
 
-    @property
-    def attend_buckets(self) -> tuple[int, ...]:
-        """Attention spans kernels compile for: powers of two from min_attend_bucket up to
-        half of max_seq_len, then max_seq_len (a span above half the slot saves too little
-        to be worth its compilations)."""
-        out, b = [], self.min_attend_bucket
-        while 2 * b <= self.max_seq_len:
-            out.append(b)
-            b *= 2
-        return (*out, self.max_seq_len)
-
-    def attend_bucket(self, length: int) -> int:
-        """The shortest attention span covering positions [0, length)."""
-        return next((b for b in self.attend_buckets if b >= length), self.max_seq_len)
-
     def kernel_shapes(self) -> list[tuple]:
-        """Every kernel shape traffic can meet (what `precompile` compiles). A paged cache:
-        ("decode",) and ("prefill", rows, chunk) per row bucket and chunk bucket (attention
-        reads each row's own pages, so no span is compiled in), and with prefix sharing
-        ("copy", n), the copy-on-write page copies, per power of two up to max_slots. Rows:
-        ("decode", span) per attention span and ("prefill", rows, chunk, span) per row
-        bucket, chunk bucket and span that holds the chunk. Its length is the engine's
-        compilation count at most."""
-        if self.kv_pages:
-            # Copy-on-write page copies: one per sequence admitted, padded to a power of two.
-            copies = [("copy", 1 << i)
-                      for i in range((self.max_slots - 1).bit_length() + 1)] \
-                if self.prefix_sharing else []
-            return [("decode",)] + [("prefill", rows, chunk)
-                                    for rows in self.prefill_row_buckets
-                                    for chunk in self.prefill_buckets] + copies
-        shapes: list[tuple] = [("decode", span) for span in self.attend_buckets]
-        for rows in self.prefill_row_buckets:
-            for chunk in self.prefill_buckets:
-                shapes += [("prefill", rows, chunk, span) for span in self.attend_buckets
-                           if span >= min(chunk, self.max_seq_len)]
-        return shapes
+        """Every kernel shape traffic can meet (what `precompile` compiles): ("decode",), and
+        ("prefill", rows, chunk) per row bucket and chunk bucket (attention reads each row's
+        own pages, so no span is compiled in), and with prefix sharing ("copy", n), the
+        copy-on-write page copies, per power of two up to max_slots. Its length is the
+        engine's compilation count at most."""
+        # Copy-on-write page copies: one per sequence admitted, padded to a power of two.
+        copies = [("copy", 1 << i) for i in range((self.max_slots - 1).bit_length() + 1)] \
+            if self.prefix_sharing else []
+        return [("decode",)] + [("prefill", rows, chunk)
+                                for rows in self.prefill_row_buckets
+                                for chunk in self.prefill_buckets] + copies
 
     def row_bucket(self, rows: int) -> int:
         return next(b for b in self.prefill_row_buckets if b >= rows)
@@ -224,7 +191,7 @@ class EngineStats:
     active_slots: int
     """Slots holding a request that is prefilling or decoding."""
     parked_slots: int
-    """Slots holding the KV cache of a finished turn, kept for its continuation."""
+    """Finished sequences whose pages are kept for a continuation (they hold no slot)."""
     free_slots: int
     waiting_requests: int
     """Requests submitted but not yet given a slot."""
@@ -254,7 +221,7 @@ class EngineStats:
     first_step_s: float | None = None
     """Seconds from construction to the end of the first decode call (None before it)."""
     kv_pages_used: int = 0
-    """Pages of a paged cache held by sequences now (0 without one)."""
+    """Pages of the KV cache held by sequences now."""
     kv_pages_peak: int = 0
     """The most pages held at once since construction."""
     kv_sequences_peak: int = 0

@@ -1,18 +1,15 @@
 """The engine's jitted kernels: a prefill chunk of several requests, and fused decode steps.
 
-Both take `(model_def, weights, cache, ...)` where `model_def` (a `ModelDef`: graphdef and
-treedef, hashed once) is static and `weights` is the flat list of parameter arrays
-(`jax.tree.leaves(state)`: a plain list keeps per-call dispatch in JAX's C++ fast path). They
-donate the cache (updated in place) and never the weights (the trainer may share them; an
-in-place publication writes new values into the engine's own buffers with `weight_writer`).
-`attend_len` (static) is the attention span: prefill compiles once per (row bucket, chunk
-bucket, span bucket) it meets, decode once per span bucket.
-
-`prefill_chunk_paged` and `decode_steps_paged` are the same over a paged cache (per layer a
-pool [P, K, PAGE, H] and a page table [S, pages per slot]), with the ragged attention of
+Both take `(model_def, weights, pool, table_sn, ...)` where `model_def` (a `ModelDef`:
+graphdef and treedef, hashed once) is static and `weights` is the flat list of parameter
+arrays (`jax.tree.leaves(state)`: a plain list keeps per-call dispatch in JAX's C++ fast
+path). The KV cache is a pool of pages (per layer [P, K, PAGE, H]) and a page table
+[S, pages per slot]. They donate the pool (updated in place) and never the weights (the
+trainer may share them; an in-place publication writes new values into the engine's own
+buffers with `weight_writer`). Attention is the ragged one of
 `agentax.models.paged_forward` / `paged_decode_step`: each row reads its own pages, for as
-many as it holds, so they take no span and compile once per row and chunk bucket (prefill)
-or once (decode), whatever max_seq_len is.
+many as it holds, so the kernels take no span and compile once per row and chunk bucket
+(prefill) or once (decode), whatever max_seq_len is.
 
 Depth: with a `LayerStack` in its `ModelDef`, an engine holds its weights stacked (one
 [L, ...] array per per-layer parameter, packed once per installed or published version) and
@@ -37,9 +34,8 @@ from agentax.models import paged_decode_step, paged_forward, scatter_pages
 
 assert PAGE == MODEL_PAGE, "the engine's page size is the model code's"
 
-__all__ = ["ModelDef", "prefill_chunk", "decode_steps", "prefill_chunk_paged",
-           "decode_steps_paged", "copy_pages", "compiled_count", "weight_writer",
-           "weight_packer"]
+__all__ = ["ModelDef", "prefill_chunk", "decode_steps", "copy_pages", "compiled_count",
+           "weight_writer", "weight_packer"]
 
 
 class ModelDef:
@@ -84,95 +80,6 @@ class ModelDef:
         return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, self.unpack(weights)))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 7), donate_argnums=(2,))
-def prefill_chunk(
-    model_def,
-    weights,
-    cache: KVCache,
-    tokens_rc: jax.Array,
-    positions_rc: jax.Array,
-    slots_r: jax.Array,
-    sampling: RowSampling,
-    attend_len: int,
-):
-    """Feeds one chunk of R requests' tokens (one row each) and samples after each last token.
-
-    Args:
-      tokens_rc: [R, C] token ids, right-aligned: each row's last token sits in the last
-        column (padding before it), so the last layer runs for that column alone.
-      positions_rc: [R, C] absolute positions; padding carries max_seq_len (writes nothing),
-        so a padding row (all max_seq_len) changes no slot.
-      slots_r: [R] the cache slot of each row (distinct among real rows).
-      sampling: R rows of sampling parameters.
-      attend_len: attention span, > every position fed.
-
-    Returns:
-      (tokens [R] int32, logprobs [R] float32, new cache). A row's sample is only meaningful
-      when the chunk is the last of its prompt.
-    """
-    model = _merge(model_def, weights)
-    logits_rv, cache = model.forward_cached(
-        tokens_rc, positions_rc, cache, slot_ids_b=slots_r, last_only=True,
-        attend_len=attend_len,
-    )
-    token, logprob = sample_tokens(logits_rv, sampling, positions_rc[:, -1] + 1)
-    return token, logprob, cache
-
-
-@functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=(2,))
-def decode_steps(
-    model_def,
-    weights,
-    cache: KVCache,
-    state_4s: jax.Array,
-    sampling: RowSampling,
-    stop_ids_sm: jax.Array,
-    num_steps: int,
-    attend_len: int,
-):
-    """Runs up to `num_steps` decode steps over every slot, stopping slots on device.
-
-    Each step feeds slot s its pending token at its position and samples the next one. A
-    slot stops (and writes nothing from then on) after sampling a stop id, after its
-    `remaining` budget runs out, or when the next token would not fit in the slot. The loop
-    exits early when no slot is active.
-
-    Args:
-      state_4s: [4, S] int32, the rows being: pending token of each slot, position of that
-        token, active flag (1 = decodes; idle / parked / prefilling slots write nothing),
-        tokens each slot may still generate. Packed so a step costs one host transfer.
-      sampling: per-slot sampling parameters.
-      stop_ids_sm: [S, M] int32 ids that end a slot's completion (-1 = unused).
-      num_steps: static number of steps to fuse.
-      attend_len: the cache span read, >= every active slot's position (the positions the
-        call writes are read from its own K/V buffer, not from the cache).
-
-    Returns:
-      (tokens [S, N] int32, logprobs [S, N] float32, counts [S] int32 tokens emitted per
-      slot (a prefix of each row), new cache).
-    """
-    # The loop only reads the cache: each step's K/V go to a small [S, K, num_steps, H]
-    # buffer per layer (`fresh`), written into the cache once after the loop. The span is
-    # sliced once, before the loop: sliced inside it, XLA copied it every step (on CPU, 13.2
-    # against 8.0 ms per 8-step call at max_seq_len 1024, span 128; carrying the span through
-    # the loop and writing it back measured 12.6).
-    if isinstance(cache, StackedKV):
-        span = StackedKV(cache.k[:, :, :, :attend_len], cache.v[:, :, :, :attend_len])
-    else:
-        span = KVCache(*(tuple(c[:, :, :attend_len] for c in part)
-                         for part in (cache.k, cache.v)))
-    positions_s = state_4s[1]
-
-    def step(model, tok, pos, fresh, i):
-        return model.decode_step(tok, pos, span, fresh, i, positions_s, attend_len)
-
-    out_tok, out_lp, counts, fresh = _decode_loop(
-        model_def, weights, step, cache.fresh(num_steps), state_4s, sampling, stop_ids_sm,
-        num_steps, cache.max_seq_len)
-    # A slot writes the steps it was active for (a prefix): idle slots write nothing.
-    return out_tok, out_lp, counts, cache.write_fresh(fresh, state_4s[1], counts)
-
-
 def _decode_loop(model_def, weights, step_fn, fresh, state_4s, sampling, stop_ids_sm,
                  num_steps, t_max):
     """The fused decode steps; `step_fn(model, tokens, positions, fresh, i)` runs one step
@@ -206,21 +113,35 @@ def _decode_loop(model_def, weights, step_fn, fresh, state_4s, sampling, stop_id
 
     carry = (0, fresh, tokens_s, positions_s, active_s, remaining_s, out_tok, out_lp, counts)
     # Even one step runs in the loop: unrolled, XLA could schedule a layer's write before its
-    # own read of the span and copied the whole cache to keep both (35 against 3 ms per call).
+    # own read of the cache and copied the whole cache to keep both (35 against 3 ms per call,
+    # measured on the former row layout).
     carry = jax.lax.while_loop(cond, body, carry)
     _, fresh, _, _, _, _, out_tok, out_lp, counts = carry
     return out_tok, out_lp, counts, fresh
 
 
-# ---------------------------------------------------------------------- paged cache
-
-
 @functools.partial(jax.jit, static_argnums=(0, 8), donate_argnums=(2,))
-def prefill_chunk_paged(model_def, weights, pool: KVCache, table_sn, tokens_rc, positions_rc,
-                        slots_r, sampling: RowSampling, t_max: int):
-    """`prefill_chunk` over a paged cache (`table_sn` [S, pages per slot]). Attention reads
-    each row's pages in blocks for as long as the call's longest row needs (`paged_forward`):
-    no span argument, one compilation per (row bucket, chunk bucket)."""
+def prefill_chunk(model_def, weights, pool: KVCache, table_sn, tokens_rc, positions_rc,
+                  slots_r, sampling: RowSampling, t_max: int):
+    """Feeds one chunk of R requests' tokens (one row each) and samples after each last token.
+
+    Attention reads each row's pages in blocks for as long as the call's longest row needs
+    (`paged_forward`): one compilation per (row bucket, chunk bucket).
+
+    Args:
+      pool: the page pools (donated); table_sn: [S, pages per slot] each slot's pages.
+      tokens_rc: [R, C] token ids, right-aligned: each row's last token sits in the last
+        column (padding before it), so the last layer runs for that column alone.
+      positions_rc: [R, C] absolute positions; padding carries t_max (writes nothing), so a
+        padding row (all t_max) changes no page.
+      slots_r: [R] the slot of each row (distinct among real rows).
+      sampling: R rows of sampling parameters.
+      t_max: max_seq_len.
+
+    Returns:
+      (tokens [R] int32, logprobs [R] float32, new pool). A row's sample is only meaningful
+      when the chunk is the last of its prompt.
+    """
     model = _merge(model_def, weights)
     logits_rv, pool = paged_forward(model, tokens_rc, positions_rc, pool, table_sn[slots_r],
                                     t_max, last_only=True)
@@ -229,11 +150,32 @@ def prefill_chunk_paged(model_def, weights, pool: KVCache, table_sn, tokens_rc, 
 
 
 @functools.partial(jax.jit, static_argnums=(0, 7, 8), donate_argnums=(2,))
-def decode_steps_paged(model_def, weights, pool: KVCache, table_sn, state_4s,
-                       sampling: RowSampling, stop_ids_sm, num_steps: int, t_max: int):
-    """`decode_steps` over a paged cache. Each step's attention reads only the active slots'
+def decode_steps(model_def, weights, pool: KVCache, table_sn, state_4s,
+                 sampling: RowSampling, stop_ids_sm, num_steps: int, t_max: int):
+    """Runs up to `num_steps` decode steps over every slot, stopping slots on device.
+
+    Each step feeds slot s its pending token at its position and samples the next one. A
+    slot stops (and writes nothing from then on) after sampling a stop id, after its
+    `remaining` budget runs out, or when the next token would not fit in the slot. The loop
+    exits early when no slot is active. Each step's attention reads only the active slots'
     own pages (`paged_decode_step`: its cost follows the sum of their lengths, not slots x
-    the longest); the call's K/V are scattered to their pages after it."""
+    the longest). The loop only reads the pool: each step's K/V go to a small
+    [S, K, num_steps, H] buffer per layer, scattered to their pages once after the loop.
+
+    Args:
+      pool: the page pools (donated); table_sn: [S, pages per slot] each slot's pages.
+      state_4s: [4, S] int32, the rows being: pending token of each slot, position of that
+        token, active flag (1 = decodes; idle and prefilling slots write nothing), tokens
+        each slot may still generate. Packed so a step costs one host transfer.
+      sampling: per-slot sampling parameters.
+      stop_ids_sm: [S, M] int32 ids that end a slot's completion (-1 = unused).
+      num_steps: static number of steps to fuse.
+      t_max: max_seq_len.
+
+    Returns:
+      (tokens [S, N] int32, logprobs [S, N] float32, counts [S] int32 tokens emitted per
+      slot (a prefix of each row), new pool).
+    """
     start_s, active_s = state_4s[1], state_4s[2] != 0
     slots = state_4s.shape[1]
     if isinstance(pool, StackedKV):
@@ -312,5 +254,4 @@ def _merge(model_def: ModelDef, weights):
 
 def compiled_count() -> int:
     """Compilations held by the engine kernels' caches (shared by every engine in the process)."""
-    return int(sum(k._cache_size() for k in (prefill_chunk, decode_steps, prefill_chunk_paged,
-                                             decode_steps_paged, copy_pages)))
+    return int(sum(k._cache_size() for k in (prefill_chunk, decode_steps, copy_pages)))

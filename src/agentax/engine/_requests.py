@@ -60,14 +60,14 @@ class _Sequence:
     tokens: list[int]
     """Every token of the conversation so far (prompts and generated), in order."""
     cached: int = 0
-    """Leading tokens of `tokens` whose k/v sit in `slot` (0 when it has no slot)."""
+    """Leading tokens of `tokens` whose k/v sit in its `pages` (0 when it holds none)."""
     slot: int | None = None
     request: _Request | None = None
     """The request in flight on this sequence, if any."""
     release_when_done: bool = False
     last_used: int = 0
     pages: list[int] = dataclasses.field(default_factory=list)
-    """Pages of a paged cache holding its K/V, in position order (empty without a slot)."""
+    """Pages holding its K/V, in position order (empty when it holds no cache)."""
     keys: list[int] = dataclasses.field(default_factory=list)
     """Prefix-index keys of its leading pages that are indexed (its own or shared ones)."""
 

@@ -18,13 +18,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from agentax.engine._config import PAGE, EngineConfig
 from agentax.engine._kernels import (ModelDef, compiled_count, copy_pages, decode_steps,
-                                     decode_steps_paged, prefill_chunk, prefill_chunk_paged,
-                                     weight_packer, weight_writer)
+                                     prefill_chunk, weight_packer, weight_writer)
 from agentax.engine._sampling import RowSampling
 from agentax.engine._scheduler import DecodePlan, PrefillPlan, Scheduler
-from agentax.models import (SCAN_AUTO_MIN_LAYERS, KVCache, LayerStack, StackedKV, Transformer,
-                            init_cache, kv_cache_bytes, make_mesh, param_shardings,
-                            plan_layer_stack)
+from agentax.models import (SCAN_AUTO_MIN_LAYERS, LayerStack, StackedKV, Transformer,
+                            init_page_pool, make_mesh, param_shardings, plan_layer_stack)
 
 __all__ = ["InPlace", "Runner", "lower_decode"]
 
@@ -79,23 +77,12 @@ class Runner:
             if mesh is not None:  # [L, ...]: the per-layer layout behind an unsharded axis
                 kv = NamedSharding(mesh, P(None, None, "tensor"))
         # The cache too: an uncommitted first cache compiled the first prefill shape twice
-        # (once for the fresh cache, once for the committed one the kernel returns).
-        # Sliding-window layers hold rings sized for the longest call (a prefill chunk or a
-        # fused decode call), not the whole slot.
-        ring = dict(dtype=cfg.cache_dtype,
-                    max_tokens_per_call=max(cfg.prefill_chunk, cfg.decode_steps_per_call))
-        self.paged = cfg.kv_pages > 0
-        if stack is not None:  # every layer of the same length: one [L, ...] array each
-            self.cache = jax.device_put(_stacked_cache(model.config, cfg), kv)
-            self.kv_cache_bytes = self.cache.k.nbytes + self.cache.v.nbytes
-        elif self.paged:  # every layer a pool of pages (no rings: a page holds any position)
-            self.cache = jax.device_put(_page_pool(model.config, cfg), kv)
-            self.kv_cache_bytes = sum(c.nbytes for c in self.cache.k + self.cache.v)
-        else:
-            self.cache = jax.device_put(
-                init_cache(model.config, cfg.max_slots, cfg.max_seq_len, **ring), kv)
-            self.kv_cache_bytes = kv_cache_bytes(model.config, cfg.max_slots, cfg.max_seq_len,
-                                                 **ring)
+        # (once for the fresh cache, once for the committed one the kernel returns). Every
+        # layer is a pool of pages (a page holds any 16 positions: sliding-window layers
+        # need no ring); stacked, one [L, ...] array each.
+        self.cache = jax.device_put(_page_pool(model.config, cfg, stacked=stack is not None),
+                                    kv)
+        self.kv_cache_bytes = sum(c.nbytes for c in jax.tree.leaves(self.cache))
         self._table: jax.Array | None = None
         self._table_version = -1
         self._sampling_version = -1
@@ -217,16 +204,10 @@ class Runner:
     def prefill(self, plan: PrefillPlan, sched: Scheduler):
         """Runs one prefill call; returns device arrays (tokens [R], logprobs [R])."""
         sampling = RowSampling(*(jnp.asarray(a) for a in plan.sampling_r))
-        args = (jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
-                jnp.asarray(plan.slots_r), sampling)
-        if self.paged:
-            token, logprob, self.cache = self._timed(
-                prefill_chunk_paged, self.model_def, self.weights, self.cache,
-                self._page_table(sched), *args, self.config.max_seq_len)
-        else:
-            token, logprob, self.cache = self._timed(
-                prefill_chunk, self.model_def, self.weights, self.cache, *args,
-                plan.attend_len)
+        token, logprob, self.cache = self._timed(
+            prefill_chunk, self.model_def, self.weights, self.cache, self._page_table(sched),
+            jnp.asarray(plan.tokens_rc), jnp.asarray(plan.positions_rc),
+            jnp.asarray(plan.slots_r), sampling, self.config.max_seq_len)
         return token, logprob
 
     def decode(self, plan: DecodePlan, sched: Scheduler):
@@ -240,25 +221,18 @@ class Runner:
             )
             self._sampling_version = sched.sampling_version
         sampling, stop_table = self._sampling_dev
-        state = jnp.asarray(plan.state_4s)
-        if self.paged:
-            out_tok, out_lp, counts, self.cache = self._timed(
-                decode_steps_paged, self.model_def, self.weights, self.cache,
-                self._page_table(sched), state, sampling, stop_table, plan.steps,
-                self.config.max_seq_len)
-        else:
-            out_tok, out_lp, counts, self.cache = self._timed(
-                decode_steps, self.model_def, self.weights, self.cache, state, sampling,
-                stop_table, plan.steps, plan.attend_len)
+        out_tok, out_lp, counts, self.cache = self._timed(
+            decode_steps, self.model_def, self.weights, self.cache, self._page_table(sched),
+            jnp.asarray(plan.state_4s), sampling, stop_table, plan.steps,
+            self.config.max_seq_len)
         return jax.device_get((out_tok, out_lp, counts))
 
     def precompile(self) -> None:
-        """Compiles every shape of `config.kernel_shapes()` (rows: decode per attention span,
-        prefill per row bucket, chunk bucket and span that holds the chunk; pages: decode
-        once, prefill per row bucket and chunk bucket, page copies per power of two), on
-        inputs that write nothing."""
+        """Compiles every shape of `config.kernel_shapes()` (decode once, prefill per row
+        bucket and chunk bucket, page copies per power of two), on inputs that write
+        nothing."""
         cfg, s, t_max = self.config, self.config.max_slots, self.config.max_seq_len
-        # Paged: a table of zeros (page 0 for every slot) is read, never written.
+        # A table of zeros (page 0 for every slot) is read, never written.
         table = jax.device_put(np.zeros((s, -(-t_max // PAGE)), np.int32), self._place)
         for kind, *shape in cfg.kernel_shapes():
             if kind == "copy":  # destinations past the pool: nothing is written
@@ -274,31 +248,21 @@ class Runner:
                 args = (jnp.asarray(state), sampling,
                         jnp.full((s, cfg.max_stop_ids), -1, jnp.int32),
                         cfg.decode_steps_per_call)
-                if self.paged:
-                    *_, self.cache = self._timed(decode_steps_paged, self.model_def,
-                                                 self.weights, self.cache, table, *args, t_max)
-                else:
-                    *_, self.cache = self._timed(decode_steps, self.model_def, self.weights,
-                                                 self.cache, *args, shape[0])
+                *_, self.cache = self._timed(decode_steps, self.model_def, self.weights,
+                                             self.cache, table, *args, t_max)
                 continue
             r, c = shape[:2]
             zeros, ones = jnp.zeros((r,), jnp.int32), jnp.ones((r,), jnp.float32)
             sampling = RowSampling(ones, zeros, ones, jnp.zeros((r,), jnp.uint32))
             args = (jnp.zeros((r, c), jnp.int32), jnp.full((r, c), t_max, jnp.int32), zeros,
                     sampling)
-            if self.paged:
-                *_, self.cache = self._timed(prefill_chunk_paged, self.model_def, self.weights,
-                                             self.cache, table, *args, t_max)
-            else:
-                *_, self.cache = self._timed(prefill_chunk, self.model_def, self.weights,
-                                             self.cache, *args, shape[2])
+            *_, self.cache = self._timed(prefill_chunk, self.model_def, self.weights,
+                                         self.cache, table, *args, t_max)
         jax.block_until_ready(self.cache)
 
     def kv_bytes_per_device(self) -> int:
         """Bytes of the K/V cache held on one device (the whole cache without a mesh)."""
-        parts = ((self.cache.k, self.cache.v) if isinstance(self.cache, StackedKV)
-                 else self.cache.k + self.cache.v)
-        return sum(c.addressable_shards[0].data.nbytes for c in parts)
+        return sum(c.addressable_shards[0].data.nbytes for c in jax.tree.leaves(self.cache))
 
 
 def _engine_mesh(device, cfg: EngineConfig, mesh: Mesh | None, model_config) -> Mesh | None:
@@ -329,33 +293,23 @@ def _engine_mesh(device, cfg: EngineConfig, mesh: Mesh | None, model_config) -> 
 
 
 def lower_decode(model_config, config: EngineConfig) -> jax.stages.Lowered:
-    """The decode kernel an `Engine(Transformer(model_config), config)` would run (paged or
-    rows, its layers scanned or not as `config.scan_layers` decides), lowered on abstract
-    arrays: nothing is allocated. `.as_text()` is its HLO, `.compile()` compiles it (rows:
-    at the longest span, max_seq_len)."""
+    """The decode kernel an `Engine(Transformer(model_config), config)` would run (its layers
+    scanned or not as `config.scan_layers` decides), lowered on abstract arrays: nothing is
+    allocated. `.as_text()` is its HLO, `.compile()` compiles it."""
     model = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)
     stack, _ = _layer_stack(model, config)
     model_def = ModelDef(graphdef, treedef, stack)
     weights = jax.eval_shape(model_def.pack, leaves)
-    if stack is not None:
-        cache = jax.eval_shape(lambda: _stacked_cache(model_config, config))
-    elif config.kv_pages:
-        cache = jax.eval_shape(lambda: _page_pool(model_config, config))
-    else:
-        cache = jax.eval_shape(lambda: init_cache(
-            model_config, config.max_slots, config.max_seq_len, config.cache_dtype,
-            max(config.prefill_chunk, config.decode_steps_per_call)))
+    cache = jax.eval_shape(lambda: _page_pool(model_config, config, stacked=stack is not None))
     s, t_max = config.max_slots, config.max_seq_len
     i32, f32, sds = jnp.int32, jnp.float32, jax.ShapeDtypeStruct
     sampling = RowSampling(sds((s,), f32), sds((s,), i32), sds((s,), f32), sds((s,), jnp.uint32))
     args = (sds((4, s), i32), sampling, sds((s, config.max_stop_ids), i32),
             config.decode_steps_per_call)
-    if config.kv_pages:
-        table = sds((s, -(-t_max // PAGE)), i32)
-        return decode_steps_paged.lower(model_def, weights, cache, table, *args, t_max)
-    return decode_steps.lower(model_def, weights, cache, *args, t_max)
+    table = sds((s, -(-t_max // PAGE)), i32)
+    return decode_steps.lower(model_def, weights, cache, table, *args, t_max)
 
 
 def _layer_stack(model, cfg: EngineConfig) -> tuple[LayerStack | None, str | None]:
@@ -366,23 +320,13 @@ def _layer_stack(model, cfg: EngineConfig) -> tuple[LayerStack | None, str | Non
         want = model.config.num_layers >= SCAN_AUTO_MIN_LAYERS
     if not want:
         return None, None
-    plan = plan_layer_stack(model, traced_window=cfg.kv_pages > 0)
+    plan = plan_layer_stack(model)
     if isinstance(plan, LayerStack):
         return plan, None
     if cfg.scan_layers is True:
         raise ValueError(f"EngineConfig.scan_layers=True: the layers cannot be scanned: {plan}")
     log.info("engine kernels run the layers unrolled: %s", plan)
     return None, plan
-
-
-def _stacked_cache(config, cfg: EngineConfig) -> StackedKV:
-    """A zeroed cache of every layer in one array each: pages [L, P, K, PAGE, H] or rows
-    [L, S, K, max_seq_len, H] (no rings: a stacked model's layers share one window)."""
-    dtype = jnp.dtype(cfg.cache_dtype or config.dtype)
-    per = ((cfg.kv_pages, config.num_kv_heads, PAGE, config.head_dim) if cfg.kv_pages
-           else (cfg.max_slots, config.num_kv_heads, cfg.max_seq_len, config.head_dim))
-    shape = (config.num_layers, *per)
-    return StackedKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def _as_dtype(x, dtype):
@@ -392,12 +336,14 @@ def _as_dtype(x, dtype):
     return x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x).astype(dtype)
 
 
-def _page_pool(config, cfg: EngineConfig) -> KVCache:
-    """A zeroed pool of `cfg.kv_pages` pages per layer: [P, K, PAGE, H] each of k and v."""
+def _page_pool(config, cfg: EngineConfig, *, stacked: bool = False):
+    """A zeroed pool of `cfg.kv_pages` pages per layer: a `KVCache` of [P, K, PAGE, H] per
+    layer, or with `stacked` a `StackedKV` of [L, P, K, PAGE, H] (the layers scanned)."""
+    if not stacked:
+        return init_page_pool(config, cfg.kv_pages, cfg.cache_dtype)
     dtype = jnp.dtype(cfg.cache_dtype or config.dtype)
-    shape = (cfg.kv_pages, config.num_kv_heads, PAGE, config.head_dim)
-    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-                   tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+    shape = (config.num_layers, cfg.kv_pages, config.num_kv_heads, PAGE, config.head_dim)
+    return StackedKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 class InPlace:

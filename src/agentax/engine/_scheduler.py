@@ -4,10 +4,9 @@ and the bookkeeping of sampled tokens (finish reasons, stop strings).
 Pure Python and numpy: it imports no JAX, so its tests run in milliseconds and need no
 device. It decides *what* runs; the device runner (`_runner.py`) executes its plans:
 
-* `plan_prefill()` -> this iteration's `PrefillPlan`s (rows, tokens, positions, slots,
-  attention span) and `finish_prefill(plan, tokens, logprobs)` for each, with the first
+* `plan_prefill()` -> this iteration's `PrefillPlan`s (rows, tokens, positions, slots) and `finish_prefill(plan, tokens, logprobs)` for each, with the first
   sampled token of each prompt;
-* `plan_decode()` -> `DecodePlan` (the packed per-slot state, attention span, steps) and
+* `plan_decode()` -> `DecodePlan` (the packed per-slot state, steps) and
   `finish_decode(plan, tokens, logprobs, counts, version)` with what the device sampled.
 
 Requests are resolved through the `resolve(req, result=..., exc=...)` callback it is given.
@@ -57,8 +56,6 @@ class PrefillPlan:
     slots_r: np.ndarray
     sampling_r: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     """(temperature, top_k, top_p, seed) of each row."""
-    attend_len: int
-    """Attention span: a bucket covering every position fed."""
     num_tokens: int
 
 
@@ -68,8 +65,6 @@ class DecodePlan:
 
     state_4s: np.ndarray
     """[4, S] int32: pending token, its position, active flag, tokens still allowed."""
-    attend_len: int
-    """Cache span read: a bucket covering the positions before every active slot's own."""
     steps: int
     active: int
 
@@ -114,8 +109,8 @@ def pages_for(tokens: int) -> int:
 class Scheduler(PrefixSharing):
     """Host state of the engine: who sits in which slot, what runs next, what finished.
 
-    With a paged cache (`EngineConfig.kv_cache_tokens`) it also owns the pages: a request
-    is admitted once the pages its sequence may fill are reserved (`_reserve`), and
+    It also owns the KV cache's pages (`EngineConfig.kv_cache_tokens`): a request is
+    admitted once the pages its sequence may fill are reserved (`_reserve`), and
     `page_table[slot]` lists the pages of the sequence in that slot, in position order. A
     finished sequence keeps its pages but not its slot (slots are decode rows; a continuation
     takes any free one), so parked conversations are bounded by pages, not by max_slots.
@@ -153,8 +148,7 @@ class Scheduler(PrefixSharing):
         self.sampling_version = 0
         """Bumped whenever a slot's sampling settings or stop ids change (runner re-sends)."""
         self.slot_seq: list[_Sequence | None] = [None] * s
-        self.paged = cfg.kv_pages > 0
-        self.pool = PagePool(cfg.kv_pages, sharing=self.paged and cfg.prefix_sharing,
+        self.pool = PagePool(cfg.kv_pages, sharing=cfg.prefix_sharing,
                              version_bound=cfg.prefix_version_bound)
         self.version = 0
         """The policy version the engine decodes with now (prefix reuse is checked against it)."""
@@ -162,9 +156,9 @@ class Scheduler(PrefixSharing):
         self.table_version = 0
         """Bumped whenever `page_table` changes (the runner re-sends it)."""
         self.holders = 0
+        """Sequences holding pages now (running or parked)."""
         self._inflight: dict[int, _Request] = {}
         """Prefix keys being prefilled now -> the request prefilling them."""
-        """Sequences holding pages now (running or parked)."""
 
         self.sequences: collections.OrderedDict[int, _Sequence] = collections.OrderedDict()
         self._next_sequence_id = 1
@@ -239,44 +233,31 @@ class Scheduler(PrefixSharing):
     # ------------------------------------------------------------------ admission
 
     def admit(self) -> None:
-        """Gives waiting requests slots, FIFO; a parked continuation returns to its own slot
-        (paged: to any free slot, its pages kept). With a paged cache a request also needs
-        its pages; one that cannot have them stops admission until pages are freed (FIFO)."""
-        blocked = False
+        """Gives waiting requests a free slot and their pages, FIFO; a parked continuation
+        keeps its pages (what they hold is not prefilled again). A request that cannot have
+        its slot or its pages stops admission until they are freed (FIFO)."""
         for req in list(self.waiting):
             seq = req.seq
-            new_slot = seq.slot is None
-            if new_slot:
-                if blocked or self._waits_for_prefix(req):
-                    continue
-                slot = self._find_slot()
-                if slot is None:
-                    blocked = True  # FIFO: later requests needing a slot wait behind this one
-                    continue
-                seq.slot = slot
-                if not seq.pages:  # a parked paged sequence keeps what its pages hold
-                    seq.cached = 0
-                    self._attach_prefix(req)
-                self.slot_seq[slot] = seq
-            if self.paged and not self._reserve(req, new_slot):
-                if new_slot:  # keeps no slot while it waits
-                    self.slot_seq[seq.slot] = None
-                    seq.slot = None
+            if self._waits_for_prefix(req):
+                continue
+            slot = self._find_slot()
+            if slot is None:
+                return  # FIFO: later requests wait behind this one
+            seq.slot = slot
+            if not seq.pages:  # a parked sequence keeps what its pages hold
+                seq.cached = 0
+                self._attach_prefix(req)
+            self.slot_seq[slot] = seq
+            if not self._reserve(req):
+                self.slot_seq[slot] = None  # keeps no slot while it waits
+                seq.slot = None
                 return
             self.waiting.remove(req)
             self._start(req)
 
     def _find_slot(self) -> int | None:
-        for slot, seq in enumerate(self.slot_seq):
-            if seq is None:
-                return slot
-        parked = [q for q in self.slot_seq if q is not None and q.request is None]
-        if not parked:
-            return None
-        victim = min(parked, key=lambda q: q.last_used)  # least recently used
-        slot = victim.slot
-        self._evict(victim)
-        return slot
+        """A free slot (a slot is held only while a request runs in it), or None."""
+        return next((slot for slot, seq in enumerate(self.slot_seq) if seq is None), None)
 
     def _evict(self, seq: _Sequence) -> None:
         """Drops a sequence's cache (slot and pages); continued, it is prefilled again."""
@@ -298,8 +279,8 @@ class Scheduler(PrefixSharing):
         """Pages nobody holds and no prefix entry names."""
         return self.pool.free
 
-    def _reserve(self, req: _Request, new_slot: bool) -> bool:
-        """Gives `req`'s sequence (which holds a slot, `new_slot` if just given) the pages of
+    def _reserve(self, req: _Request) -> bool:
+        """Gives `req`'s sequence (which was just given a slot) the pages of
         every position the request may write, evicting caches that no running request needs:
         parked sequences (the least recently continued first: `sequences` is kept in that
         order, so the scan stops at the first), then those of requests waiting behind (they
@@ -323,13 +304,12 @@ class Scheduler(PrefixSharing):
             c = self.counts
             c["kv_pages_peak"] = max(c["kv_pages_peak"], self.pages_used())
             c["kv_sequences_peak"] = max(c["kv_sequences_peak"], self.holders)
-        if need > 0 or new_slot:
-            self.page_table[seq.slot, : len(seq.pages)] = seq.pages
-            self.table_version += 1
+        self.page_table[seq.slot, : len(seq.pages)] = seq.pages
+        self.table_version += 1
         return True
 
     def pages_used(self) -> int:
-        """Pages held by sequences (0 without a paged cache)."""
+        """Pages held by sequences."""
         return self.pool.used()
 
     def _start(self, req: _Request) -> None:
@@ -385,19 +365,16 @@ class Scheduler(PrefixSharing):
         tokens = np.zeros((r, chunk), np.int32)
         positions = np.full((r, chunk), t_max, np.int32)  # padding writes nothing
         slots = np.zeros(r, np.int32)
-        end = 1
         for i, (req, n) in enumerate(rows):
             seq = req.seq
             tokens[i, chunk - n:] = req.pending[:n]
             positions[i, chunk - n:] = np.arange(seq.cached, seq.cached + n)
             slots[i] = seq.slot
-            end = max(end, seq.cached + n)
         sampling = (self.temperature[slots], self.top_k[slots], self.top_p[slots],
                     self.seed[slots])
         return PrefillPlan(
             rows=rows, tokens_rc=tokens, positions_rc=positions, slots_r=slots,
-            sampling_r=sampling, attend_len=cfg.attend_bucket(end),
-            num_tokens=sum(n for _, n in rows),
+            sampling_r=sampling, num_tokens=sum(n for _, n in rows),
         )
 
     def finish_prefill(self, plan: PrefillPlan, tokens_r=None, logprobs_r=None,
@@ -438,13 +415,9 @@ class Scheduler(PrefixSharing):
         """The next decode call over every slot; None when no slot is decoding."""
         if not self.active.any():
             return None
-        steps = self.config.decode_steps_per_call
-        # The call reads the cache below each slot's position; what it writes it reads from
-        # its own buffer, so the span need not cover the fused steps.
-        end = int(self.pos[self.active].max())
         state = np.stack([self.tok, self.pos, self.active.astype(np.int32), self.remaining])
-        return DecodePlan(state_4s=state, attend_len=self.config.attend_bucket(end),
-                          steps=steps, active=int(self.active.sum()))
+        return DecodePlan(state_4s=state, steps=self.config.decode_steps_per_call,
+                          active=int(self.active.sum()))
 
     def finish_decode(self, plan: DecodePlan, tokens_sn: np.ndarray, logprobs_sn: np.ndarray,
                       counts_s: np.ndarray, version: int) -> None:
@@ -531,9 +504,8 @@ class Scheduler(PrefixSharing):
         self._clear_inflight(req)
         self._use_clock += 1
         seq.last_used = self._use_clock
-        if seq.slot is not None:
+        if seq.slot is not None:  # parked in its pages; the slot is free
             self.active[seq.slot] = False
-        if self.paged and seq.slot is not None:  # parked in its pages; the slot is free
             self._free_pages(seq, pages_for(seq.cached))  # the unused part of its reservation
             self.slot_seq[seq.slot] = None
             seq.slot = None
@@ -588,8 +560,8 @@ class Scheduler(PrefixSharing):
     # ------------------------------------------------------------------ counters
 
     def slot_counts(self) -> tuple[int, int, int]:
-        """(busy, parked, free) slots."""
-        seqs = list(self.slot_seq)
-        busy = sum(1 for q in seqs if q is not None and q.request is not None)
-        parked = sum(1 for q in seqs if q is not None and q.request is None)
-        return busy, parked, len(seqs) - busy - parked
+        """(busy slots, parked sequences, free slots). A parked sequence (a finished turn
+        whose pages are kept for its continuation) holds no slot."""
+        busy = sum(1 for q in self.slot_seq if q is not None)
+        parked = sum(1 for q in self.sequences.values() if q.request is None and q.pages)
+        return busy, parked, len(self.slot_seq) - busy

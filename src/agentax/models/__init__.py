@@ -3,12 +3,12 @@
 from agentax.models._checkpoint import load_pretrained, read_hf_config, save_pretrained
 from agentax.models._config import BYTE_VOCAB_SIZE, ModelConfig, RopeScaling
 from agentax.models._hf_config import config_from_hf, config_to_hf
-from agentax.models._paged import PAGE, paged_decode_step, paged_forward, scatter_pages
+from agentax.models._paged import (PAGE, KVCache, init_page_pool, page_pool_bytes,
+                                   paged_decode_step, paged_forward, scatter_pages)
 from agentax.models._sharding import (DEFAULT_PARTITION_RULES, MESH_AXES, make_mesh,
                                       param_sharding_fn, param_shardings, partition_spec_for,
                                       shard_params)
 from agentax.models._stacked import LayerStack, StackedKV, plan_layer_stack
-from agentax.models._cache import KVCache, init_cache, kv_cache_bytes
 from agentax.models._transformer import SCAN_AUTO_MIN_LAYERS, Transformer
 
 __all__ = [
@@ -24,10 +24,10 @@ __all__ = [
     "Transformer",
     "config_from_hf",
     "config_to_hf",
-    "init_cache",
-    "kv_cache_bytes",
+    "init_page_pool",
     "load_pretrained",
     "make_mesh",
+    "page_pool_bytes",
     "paged_decode_step",
     "paged_forward",
     "param_sharding_fn",

@@ -17,8 +17,8 @@ from flax import nnx
 from agentax.models._config import RopeScaling
 
 __all__ = [
-    "RMSNorm", "rope_inv_freq", "apply_rope", "attention", "cached_attention",
-    "two_part_attention", "MASK_VALUE",
+    "RMSNorm", "rope_inv_freq", "apply_rope", "attention", "positions_from_segments",
+    "MASK_VALUE",
 ]
 
 MASK_VALUE = float(np.finfo(np.float32).min)
@@ -113,56 +113,12 @@ def _masked_softmax(scores_bkgts: jax.Array, mask_bts: jax.Array, softcap: float
     return jax.nn.softmax(scores_bkgts, axis=-1).astype(dtype)
 
 
-def cached_attention(
-    q_btnh: jax.Array,
-    k_bklh: jax.Array,
-    v_bklh: jax.Array,
-    mask_btl: jax.Array,
-    *,
-    scale: float,
-    softcap: float | None,
-) -> jax.Array:
-    """`attention` over a head-major KV cache span [B, K, L, H]; returns [B, T, N, H]."""
-    b, t, n, h = q_btnh.shape
-    kv = k_bklh.shape[1]
-    q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
-    scores = jnp.einsum(
-        "btkgh,bklh->bkgtl", q_btkgh * jnp.asarray(scale, q_btnh.dtype), k_bklh,
-        preferred_element_type=jnp.float32,
-    )  # [B, K, G, T, L]
-    probs = _masked_softmax(scores, mask_btl, softcap, v_bklh.dtype)
-    out = jnp.einsum("bkgtl,bklh->btkgh", probs, v_bklh)  # [B, T, K, G, H]
-    return out.reshape(b, t, n, h)
-
-
-def two_part_attention(
-    q_bnh: jax.Array,
-    k_bklh: jax.Array,
-    v_bklh: jax.Array,
-    mask_bl: jax.Array,
-    k_new_bkfh: jax.Array,
-    v_new_bkfh: jax.Array,
-    mask_new_bf: jax.Array,
-    *,
-    scale: float,
-    softcap: float | None,
-) -> jax.Array:
-    """One query per row over two key sets at once — a cache span [B, K, L, H] and the K/V of
-    the current fused decode steps [B, K, F, H] — with one softmax over both; returns [B, N*H].
-
-    The same attention as `cached_attention` over the cache with the new K/V written into it,
-    without writing them (a decode loop that wrote into the cache carried it through the loop).
-    """
-    b, n, h = q_bnh.shape
-    kv = k_bklh.shape[1]
-    q_bkgh = (q_bnh * jnp.asarray(scale, q_bnh.dtype)).reshape(b, kv, n // kv, h)
-    scores = jnp.concatenate([
-        jnp.einsum("bkgh,bklh->bkgl", q_bkgh, k_bklh, preferred_element_type=jnp.float32),
-        jnp.einsum("bkgh,bkfh->bkgf", q_bkgh, k_new_bkfh, preferred_element_type=jnp.float32),
-    ], axis=-1)  # [B, K, G, L + F]
-    mask_b1s = jnp.concatenate([mask_bl, mask_new_bf], axis=-1)[:, None, :]
-    probs = _masked_softmax(scores[:, :, :, None], mask_b1s, softcap, v_bklh.dtype)[:, :, :, 0]
-    span = k_bklh.shape[2]
-    out = (jnp.einsum("bkgl,bklh->bkgh", probs[..., :span], v_bklh)
-           + jnp.einsum("bkgf,bkfh->bkgh", probs[..., span:], v_new_bkfh))  # [B, K, G, H]
-    return out.reshape(b, n * h)
+def positions_from_segments(segment_ids_bt: jax.Array) -> jax.Array:
+    """Positions that restart at 0 at each new segment of a packed row (padding = segment 0)."""
+    b, t = segment_ids_bt.shape
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    starts = jnp.concatenate(
+        [jnp.ones((b, 1), bool), segment_ids_bt[:, 1:] != segment_ids_bt[:, :-1]], axis=1
+    )
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return idx - start_idx

@@ -1,9 +1,12 @@
-"""The KV-cache forward over a paged cache, with attention whose cost follows each row's own
-length (ragged), and no static attention span.
+"""The generation engine's KV cache — a pool of pages — and the cached forward over it, with
+attention whose cost follows each row's own length (ragged), and no static attention span.
 
-A paged cache is, per layer, a pool of pages [P, K, PAGE, H] for k and for v, and a page
-table [S, N] listing each sequence's pages in order (position p of a row sits at page
-`table[row, p // PAGE]`, offset `p % PAGE`).
+The cache is, per layer, a pool of pages [P, K, PAGE, H] for k and for v (`KVCache`,
+`init_page_pool`; `StackedKV` holds every layer in one array), and a page table [S, N]
+listing each sequence's pages in order (position p of a row sits at page
+`table[row, p // PAGE]`, offset `p % PAGE`). It is the engine's only KV layout: a page holds
+any 16 positions, so sliding-window layers need no ring (their attention skips the pages
+before the window).
 
 * `paged_forward` (prefill): per layer, the chunk's K/V are written to their pages first;
   then each query attends over its row's pages in blocks of `PREFILL_BLOCK_PAGES` pages,
@@ -14,7 +17,7 @@ table [S, N] listing each sequence's pages in order (position p of a row sits at
   with a per-row online softmax (segment max / sum over the pairs' rows). The work is the
   sum of the active rows' pages: a 4,096-token straggler costs its own 256 pages, not 256
   pages for every slot; idle slots read nothing. The K/V of the call's own steps come from a
-  small `fresh` buffer (as in the dense path) and seed the softmax.
+  small `fresh` buffer (written to their pages once, after the call) and seed the softmax.
 
 Both are the FlashAttention recurrence (Dao, 2023, https://arxiv.org/abs/2307.08691) over
 pages instead of contiguous blocks, and the ragged (variable-length) batching of vLLM's
@@ -28,16 +31,43 @@ index, and a traced per-layer window replaces the static one when the layers' di
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from agentax.models._config import ModelConfig
 from agentax.models._stacked import StackedKV, StackedTransformer
 
-__all__ = ["PAGE", "paged_forward", "paged_decode_step", "scatter_pages"]
+__all__ = ["PAGE", "KVCache", "init_page_pool", "page_pool_bytes", "paged_forward",
+           "paged_decode_step", "scatter_pages"]
 
 PAGE = 16
 """Positions per page."""
+
+
+class KVCache(NamedTuple):
+    """Per-layer page pools: `k[l]`, `v[l]` are [P, K, PAGE, H] (head-major within a page).
+    Also the per-layer [S, K, F, H] buffers of a fused decode call's own K/V."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+
+def init_page_pool(config: ModelConfig, num_pages: int, dtype=None) -> KVCache:
+    """A zeroed pool of `num_pages` pages per layer (dtype: the model's compute dtype)."""
+    dtype = jnp.dtype(dtype or config.dtype)
+    shape = (num_pages, config.num_kv_heads, PAGE, config.head_dim)
+    return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+                   tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+
+
+def page_pool_bytes(config: ModelConfig, num_pages: int, dtype=None) -> int:
+    """Bytes `init_page_pool` would allocate (k and v, every layer)."""
+    itemsize = jnp.dtype(dtype or config.dtype).itemsize
+    return (2 * config.num_layers * num_pages * PAGE * config.num_kv_heads * config.head_dim
+            * itemsize)
 
 PREFILL_BLOCK_PAGES = 8
 """Pages of a row one prefill attention iteration reads (128 positions)."""

@@ -1,21 +1,19 @@
 """A transformer whose decoder layers are held stacked along a leading layer axis, so that the
-engine's cached forwards (prefill, fused decode; dense rows or pages) run them as one
-`lax.scan` and compile one layer whatever the depth.
+engine's cached forwards over pages (prefill, fused decode) run them as one `lax.scan` and
+compile one layer whatever the depth.
 
 The trainer's scanned forward (`_scan.run_layers`) stacks the weights inside its kernel, once
 per step; a decode kernel called every few tokens cannot copy every weight per call, so here
 the weights are stacked once, outside the kernels, when an engine installs or publishes them
 (`LayerStack.pack`), and each scan iteration slices its layer. The KV cache is stacked the
-same way (`StackedKV`: k and v [L, ...]); a layer reads and writes it at its layer index
-inside the scan, in place.
+same way (`StackedKV`: k and v [L, P, K, PAGE, H]); a layer reads and writes it at its layer
+index inside the scan, in place.
 
 `LayerStack` is the static description (hashed once, a jit static argument through the
 engine's `ModelDef`): which flat parameter leaves (`jax.tree.leaves(nnx.state(model))`) are
 the embedding, final norm and head (kept as they are) and which are layer l's copy of each
 per-layer parameter. Layers whose RoPE frequencies or sliding windows differ (Gemma 3) pass
-them as scanned data, as `_scan.run_layers` does; only the paged attention takes a traced
-window (`plan_layer_stack(..., traced_window=False)` refuses such models for the row cache,
-whose sliding layers hold rings of another length).
+them as scanned data, as `_scan.run_layers` does; the paged attention takes a traced window.
 """
 
 from __future__ import annotations
@@ -29,46 +27,22 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentax.models._layers import rope_inv_freq
-from agentax.models._cache import _cache_index
 
 __all__ = ["LayerStack", "StackedKV", "StackedTransformer", "plan_layer_stack"]
 
 
 class StackedKV(NamedTuple):
-    """A KV cache with every layer in one array: `k`, `v` [L, S, K, T, H] (rows) or
-    [L, P, K, PAGE, H] (a page pool); layer l's is `k[l]`, the layout of one `KVCache` layer."""
+    """A page pool with every layer in one array: `k`, `v` [L, P, K, PAGE, H]; layer l's is
+    `k[l]`, the layout of one `KVCache` layer."""
 
     k: jax.Array
     v: jax.Array
 
-    @property
-    def num_slots(self) -> int:
-        return int(self.k.shape[1])
-
-    @property
-    def max_seq_len(self) -> int:
-        return int(self.k.shape[3])
-
-    def fresh(self, steps: int, slots: int | None = None) -> StackedKV:
-        """Zeroed [L, S, K, steps, H] buffers for the K/V of one fused decode call (`slots`:
-        S, default the cache's)."""
-        l, s, kv, _, h = self.k.shape
-        shape = (l, s if slots is None else slots, kv, steps, h)
+    def fresh(self, steps: int, slots: int) -> StackedKV:
+        """Zeroed [L, S, K, steps, H] buffers for the K/V of one fused decode call."""
+        l, _, kv, _, h = self.k.shape
+        shape = (l, slots, kv, steps, h)
         return StackedKV(jnp.zeros(shape, self.k.dtype), jnp.zeros(shape, self.v.dtype))
-
-    def write_fresh(self, fresh: StackedKV, start_b: jax.Array,
-                    counts_b: jax.Array) -> StackedKV:
-        """`KVCache.write_fresh`, every layer in one scatter."""
-        steps, t_max = fresh.k.shape[3], self.max_seq_len
-        j = jnp.arange(steps)[None, :]
-        positions = jnp.where(j < counts_b[:, None], start_b[:, None] + j, t_max)  # [S, F]
-        rows = jnp.arange(self.num_slots)[:, None]
-        index = _cache_index(positions, t_max, t_max)
-
-        def write(c, f):  # c [L, S, K, T, H]; c[:, rows, :, index] is [S, F, L, K, H]
-            return c.at[:, rows, :, index].set(f.transpose(1, 3, 0, 2, 4), mode="drop")
-
-        return StackedKV(write(self.k, fresh.k), write(self.v, fresh.v))
 
 
 class LayerStack:
@@ -140,10 +114,10 @@ class LayerStack:
         return StackedTransformer(self, weights)
 
 
-def plan_layer_stack(model: nnx.Module, *, traced_window: bool) -> LayerStack | str:
+def plan_layer_stack(model: nnx.Module) -> LayerStack | str:
     """The `LayerStack` of a `Transformer` (arrays or abstract), or why its layers cannot be
     scanned (a string): parameters of different structure across layers (LoRA on some layers
-    only), or, without `traced_window`, layers that differ in window or RoPE."""
+    only). Layers that differ in window or RoPE (Gemma 3) pass them as scanned data."""
     graphdef, state = nnx.split(model)
     paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
     index = {p: i for i, p in enumerate(paths)}
@@ -158,10 +132,6 @@ def plan_layer_stack(model: nnx.Module, *, traced_window: bool) -> LayerStack | 
     windows = tuple(cfg.layer_window(i) or 0 for i in range(len(blocks)))
     ropes = [cfg.layer_rope(i) for i in range(len(blocks))]
     uniform = len(set(windows)) == 1 and len(set(ropes)) == 1
-    if not uniform and not traced_window:
-        return ("the layers' sliding windows or RoPE differ (e.g. Gemma 3): the row cache's "
-                "attention takes them static, and its sliding layers may hold rings of another "
-                "length; a paged cache (kv_cache_tokens) scans them")
     if uniform and len({gd for gd, _ in blocks}) != 1:
         return "the layers' static attributes differ"
     shell = nnx.merge(graphdef, state)
@@ -190,8 +160,8 @@ def _key(k):
 class StackedTransformer:
     """The engine kernels' view of a `Transformer` in the stacked layout (built inside a
     kernel by `LayerStack.merge`): the embedding, final norm and head as a `Transformer`
-    without layers, and `scan` to run a per-layer body over the stacked layers. Its
-    `forward_cached` and `decode_step` are the `Transformer`'s over a `StackedKV`."""
+    without layers, and `scan` to run a per-layer body over the stacked layers (what
+    `paged_forward` and `paged_decode_step` do with it)."""
 
     def __init__(self, stack: LayerStack, weights: list):
         n = len(stack.rest_index)
@@ -227,34 +197,3 @@ class StackedTransformer:
 
         (x, carry), _ = jax.lax.scan(step, (x, carry), xs)
         return x, carry
-
-    def forward_cached(self, tokens_bt, positions_bt, cache: StackedKV, slot_ids_b=None,
-                       last_only: bool = False, attend_len: int | None = None):
-        """`Transformer.forward_cached` over a `StackedKV` of rows (no rings). With
-        `last_only` every layer still runs for every column (one scanned body; the unrolled
-        forward runs the last layer for the last column only) and the logits are the last
-        column's."""
-        t_max = cache.max_seq_len
-
-        def body(block, i, inv, win, x, kv):
-            x, k, v = block.cached(x, positions_bt, *kv, slot_ids_b, attend_len, t_max=t_max,
-                                   layer=i)
-            return x, (k, v)
-
-        x, (k, v) = self.scan(body, self.embed_tokens(tokens_bt), (cache.k, cache.v))
-        if last_only:
-            x = x[:, -1]
-        return self.logits(self.final_norm(x)), StackedKV(k, v)
-
-    def decode_step(self, tokens_b, positions_b, cache: StackedKV, fresh: StackedKV, step,
-                    start_b, attend_len: int):
-        """`Transformer.decode_step` over a `StackedKV` (the span) and a stacked `fresh`."""
-        def body(block, i, inv, win, x, kv):
-            fk, fv = kv
-            x, k_new, v_new = block.decode_step(
-                x, positions_b, cache.k[i], cache.v[i], fk[i], fv[i], step, start_b,
-                attend_len)
-            return x, (fk.at[i].set(k_new), fv.at[i].set(v_new))
-
-        x, (fk, fv) = self.scan(body, self.embed_tokens(tokens_b[:, None]), (fresh.k, fresh.v))
-        return self.logits(self.final_norm(x))[:, 0], StackedKV(fk, fv)

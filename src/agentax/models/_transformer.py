@@ -4,19 +4,9 @@ Two forward paths:
 
 * `model(input_ids_bt, ...)` — full sequence, for training and scoring. Causal attention,
   optionally restricted by a padding mask or by packed-segment ids.
-* `model.forward_cached(tokens_bt, positions_bt, cache, ...)` — prefill or decode against a
-  preallocated `KVCache` of `S` slots, for the generation engine. Tokens are written into
-  their slot at their absolute positions; a row whose position is >= the cache length writes
-  nothing (use it for idle slots so a parked conversation's cache stays intact). Attention
-  reads only the first `attend_len` positions of each slot: the engine passes a bucket that
-  covers the longest active sequence, so a step costs what the sequences hold, not what a
-  slot could hold.
-
-Sliding-window layers can hold a ring instead of the whole slot (`init_cache(...,
-max_tokens_per_call=N)`): position p sits at index p mod R, R = window + N - 1, which keeps
-every position a query of a call of at most N tokens may see, even after the call has
-written its own tokens. Gemma 3's 512-token windows then hold 512 + N - 1 positions per slot
-instead of `max_seq_len`.
+* the generation engine's cached forwards over a paged KV cache (`_paged.py`:
+  `paged_forward` and `paged_decode_step`), which use the pieces of `Attention`
+  (`qkv`) and `Block` (`_finish`) defined here.
 """
 
 from __future__ import annotations
@@ -30,14 +20,7 @@ from flax import nnx
 
 from agentax.models._attention import resolve_attention_impl, train_attention
 from agentax.models._config import ModelConfig
-from agentax.models._layers import (
-    RMSNorm,
-    apply_rope,
-    cached_attention,
-    rope_inv_freq,
-    two_part_attention,
-)
-from agentax.models._cache import KVCache, _cache_index, _ring_positions, positions_from_segments
+from agentax.models._layers import RMSNorm, apply_rope, positions_from_segments, rope_inv_freq
 from agentax.models._scan import run_layers
 
 __all__ = ["Transformer"]
@@ -97,13 +80,6 @@ class Attention(nnx.Module):
             inv_freq = _inv_freq(self.head_dim, self.theta, self.scaling)
         return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
 
-    def window_mask(self, q_pos, k_pos):
-        """True where a query at q_pos may see a key at k_pos (causal + sliding window)."""
-        mask = k_pos <= q_pos
-        if self.window is not None:
-            mask &= k_pos > q_pos - self.window
-        return mask
-
     def __call__(self, x_btd, positions_bt, segment_ids_bt, *, inv_freq=None, window=None,
                  impl: str = "blocked", block: int = 512):
         """Full-sequence attention (training and scoring): causal, within segments when
@@ -115,85 +91,6 @@ class Attention(nnx.Module):
                               window=self.window if window is None else window,
                               scale=self.scale, softcap=self.softcap, impl=impl, block=block)
         return self.o_proj(out.reshape(b, t, -1))
-
-    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-               last_only=False, *, t_max=None, layer=None):
-        """Writes every token's K/V to the cache and attends from each token; with `last_only`
-        only the last token of each row goes through o_proj (returns [B, 1, D]). Slicing the
-        queries instead saved a little more work but compiled 25 % slower (XLA CPU).
-
-        `t_max` is the slot length (positions >= it write nothing); a layer cache shorter than
-        it is a ring (see `cache_lengths`), which holds what this call's queries may see as
-        long as a row feeds at most length - window + 1 tokens. With `layer` (an index, traced
-        under the engine's scan) the caches hold every layer, [L, S, K, T, H], and this layer
-        writes and reads its own, in place."""
-        q, k, v = self.qkv(x_btd, positions_bt)
-        b, t = positions_bt.shape
-        lead = () if layer is None else (layer,)
-        length = k_cache.shape[-2]
-        t_max = length if t_max is None else t_max
-        ring = length < t_max
-        if ring and t > length - self.window + 1:
-            raise ValueError(
-                f"a call of {t} tokens a row overruns this sliding layer's ring of {length} "
-                f"positions (window {self.window}): size the cache for it "
-                f"(init_cache(..., max_tokens_per_call={t}))")
-        if slot_ids_b is None:  # all slots, in order (decode)
-            rows = jnp.arange(k_cache.shape[0])[:, None]
-        else:
-            rows = slot_ids_b[:, None]
-        # [S, K, T_max, H] indexed at [rows, :, index]: the update is [B, T, K, H].
-        index = _cache_index(positions_bt, length, t_max)
-        at = (*lead, rows, slice(None), index)
-        k_cache = k_cache.at[at].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[at].set(v.astype(v_cache.dtype), mode="drop")
-        span = length if attend_len is None else min(attend_len, length)
-        if slot_ids_b is None:
-            at = (*lead, slice(None), slice(None), slice(None, span))
-        else:
-            at = (*lead, slot_ids_b, slice(None), slice(None, span))
-        k_all, v_all = k_cache[at], v_cache[at]  # [B, K, L, H]
-        if ring:  # what each index holds once the row's positions up to its last are written
-            fed = jnp.max(jnp.where(positions_bt < t_max, positions_bt + 1, 0), axis=1)
-            k_pos = _ring_positions(fed, length)[:, None, :span]  # [B, 1, L]
-            mask = (k_pos >= 0) & self.window_mask(positions_bt[:, :, None], k_pos)
-        else:
-            k_pos = jnp.arange(span)
-            mask = self.window_mask(positions_bt[:, :, None], k_pos[None, None, :])  # [B, T, L]
-        out = cached_attention(q, k_all, v_all, mask, scale=self.scale, softcap=self.softcap)
-        if last_only:
-            out, t = out[:, -1:], 1
-        return self.o_proj(out.reshape(b, t, -1)), k_cache, v_cache
-
-    def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
-                    attend_len, *, t_max=None):
-        """Step `step` of a fused decode call; reads the cache, writes only `k_new`/`v_new`.
-
-        `k_new`/`v_new` [B, K, F, H] hold the K/V of this call's steps (index j is position
-        start_b + j); the cache holds every position before start_b (a ring layer, shorter
-        than `t_max`, the last ones of them).
-        """
-        q, k, v = self.qkv(x_b1d, positions_b[:, None])
-        k_new = jax.lax.dynamic_update_slice(
-            k_new, k.transpose(0, 2, 1, 3).astype(k_new.dtype), (0, 0, step, 0))
-        v_new = jax.lax.dynamic_update_slice(
-            v_new, v.transpose(0, 2, 1, 3).astype(v_new.dtype), (0, 0, step, 0))
-        q_pos = positions_b[:, None]
-        length = k_cache.shape[2]
-        span = min(attend_len, length)
-        if t_max is not None and length < t_max:  # a ring
-            k_pos = _ring_positions(start_b, length)[:, :span]
-            mask = (k_pos >= 0) & self.window_mask(q_pos, k_pos)  # [B, L]
-        else:
-            k_pos = jnp.arange(span)[None, :]
-            mask = (k_pos < start_b[:, None]) & self.window_mask(q_pos, k_pos)  # [B, L]
-        j = jnp.arange(k_new.shape[2])[None, :]
-        mask_new = (j <= step) & self.window_mask(q_pos, start_b[:, None] + j)  # [B, F]
-        out = two_part_attention(
-            q[:, 0], k_cache[:, :, :span], v_cache[:, :, :span], mask, k_new, v_new,
-            mask_new, scale=self.scale, softcap=self.softcap,
-        )
-        return self.o_proj(out[:, None]), k_new, v_new
 
 
 class MLP(nnx.Module):
@@ -229,24 +126,6 @@ class Block(nnx.Module):
     def __call__(self, x_btd, positions_bt, segment_ids_bt, **attn):
         return self._finish(x_btd, self.attn(self.attn_norm(x_btd), positions_bt, segment_ids_bt,
                                              **attn))
-
-    def cached(self, x_btd, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-               last_only=False, *, t_max=None, layer=None):
-        a, k_cache, v_cache = self.attn.cached(
-            self.attn_norm(x_btd), positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-            last_only, t_max=t_max, layer=layer,
-        )
-        if last_only:  # only the last token goes on: [B, 1, D]
-            x_btd = x_btd[:, -1:]
-        return self._finish(x_btd, a), k_cache, v_cache
-
-    def decode_step(self, x_b1d, positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
-                    attend_len, *, t_max=None):
-        a, k_new, v_new = self.attn.decode_step(
-            self.attn_norm(x_b1d), positions_b, k_cache, v_cache, k_new, v_new, step, start_b,
-            attend_len, t_max=t_max,
-        )
-        return self._finish(x_b1d, a), k_new, v_new
 
 
 DENSE_SCORES_BYTES = 1 << 28
@@ -410,87 +289,3 @@ class Transformer(nnx.Module):
         """Float32 logits [B, T, V] for int32 `input_ids_bt` [B, T] (see `hidden` for args)."""
         return self.logits(self.hidden(input_ids_bt, positions_bt, segment_ids_bt,
                                        attention_mask_bt, **options))
-
-    # ------------------------------------------------------------------ KV-cache path
-
-    def forward_cached(
-        self,
-        tokens_bt: jax.Array,
-        positions_bt: jax.Array,
-        cache: KVCache,
-        slot_ids_b: jax.Array | None = None,
-        last_only: bool = False,
-        attend_len: int | None = None,
-    ) -> tuple[jax.Array, KVCache]:
-        """Prefill or decode against the KV cache.
-
-        Args:
-          tokens_bt: [B, T] int token ids.
-          positions_bt: [B, T] absolute positions; each token's k/v is written there. A
-            position >= cache.max_seq_len writes nothing (idle rows, chunk padding).
-          cache: the KV cache.
-          slot_ids_b: [B] which cache slot each row uses; None means row i is slot i (B == S).
-          last_only: static; return logits only at the last column of each row (a prefill
-            puts each prompt's last token there). The last layer's output projection and MLP
-            then run for that column alone: the cache needs that layer's K/V of every token,
-            nothing else does (prefill 13-17 % cheaper for the tiny 4-layer model on CPU).
-          attend_len: static; attention reads only positions [0, attend_len) of each slot, so
-            it must exceed every position fed. None reads the whole slot.
-
-        Returns:
-          (logits, new_cache): logits [B, T, V] float32, or [B, V] with last_only.
-        """
-        x = self.embed_tokens(tokens_bt)
-        new_k, new_v = [], []
-        last = len(self.layers) - 1
-        for i, (block, k_cache, v_cache) in enumerate(zip(self.layers, cache.k, cache.v)):
-            x, k_cache, v_cache = block.cached(
-                x, positions_bt, k_cache, v_cache, slot_ids_b, attend_len,
-                last_only and i == last, t_max=cache.max_seq_len,
-            )
-            new_k.append(k_cache)
-            new_v.append(v_cache)
-        if last_only:
-            x = x[:, 0]  # [B, D]: the last layer ran for the last token only
-        return self.logits(self.final_norm(x)), KVCache(tuple(new_k), tuple(new_v))
-
-    def decode_step(
-        self,
-        tokens_b: jax.Array,
-        positions_b: jax.Array,
-        cache: KVCache,
-        fresh: KVCache,
-        step: jax.Array,
-        start_b: jax.Array,
-        attend_len: int,
-    ) -> tuple[jax.Array, KVCache]:
-        """One step of a fused decode call over every slot, leaving the cache untouched.
-
-        The K/V of a call's steps go to `fresh` (see `KVCache.fresh`), written into the cache once
-        by `KVCache.write_fresh` after the call's last step: a loop that wrote every step into the
-        cache would carry it (or its span) through the loop, copying it on CPU.
-
-        Args:
-          tokens_b: [S] the token each slot feeds.
-          positions_b: [S] its position (= start_b + step for a slot still decoding).
-          cache: the KV cache; it holds every position before start_b.
-          fresh: per-layer [S, K, F, H] K/V of this call's steps; step j sits at index j.
-          step: int32 scalar, this step's index in the call (< F).
-          start_b: [S] the position of each slot's first token in this call.
-          attend_len: static; the cache is read over positions [0, attend_len).
-
-        Returns:
-          (logits [S, V] float32, fresh with this step's K/V at index `step`).
-        """
-        x = self.embed_tokens(tokens_b[:, None])
-        new_k, new_v = [], []
-        for block, k_cache, v_cache, k_new, v_new in zip(
-            self.layers, cache.k, cache.v, fresh.k, fresh.v
-        ):
-            x, k_new, v_new = block.decode_step(
-                x, positions_b, k_cache, v_cache, k_new, v_new, step, start_b, attend_len,
-                t_max=cache.max_seq_len,
-            )
-            new_k.append(k_new)
-            new_v.append(v_new)
-        return self.logits(self.final_norm(x))[:, 0], KVCache(tuple(new_k), tuple(new_v))

@@ -87,9 +87,9 @@ def _demo_engine() -> EngineConfig:
     # One chunk shape (prompts and continuations are ~20-30 tokens) and prefill calls of at
     # most 8 rows (row buckets 1, 2, 4, 8): 5 kernels to compile instead of 7, about 2 s each
     # on 2 cores; 32 new episodes then take 4 prefill calls, which costs less than that.
-    # Pages for max_slots x max_seq_len ("auto"): the rows' memory, paged, so a group's samples
-    # share their prompt's pages and decode reads each row's own tokens; a recipe that raises
-    # max_seq_len or max_slots inherits a budget that grows with them.
+    # Pages for max_slots sequences of max_seq_len ("auto", the engine's default): a group's
+    # samples share their prompt's pages and decode reads each row's own tokens; a recipe
+    # that raises max_seq_len or max_slots inherits a budget that grows with them.
     return EngineConfig(max_slots=32, max_seq_len=160, prefill_chunk=32, min_prefill_bucket=32,
                         max_prefill_rows=8, decode_steps_per_call=8, kv_cache_tokens="auto")
 
@@ -193,18 +193,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(
             "sampling.temperature=0 makes all samples of a group identical (zero advantage "
             f"for {t.advantage!r}): set sampling.temperature>0 (e.g. 1.0)")
-    # With a paged cache a parked episode holds pages, not a slot: fewer slots only queue turns.
-    if e.max_slots < p.max_concurrency and not e.kv_cache_tokens:
-        raise ConfigError(
-            f"engine.max_slots={e.max_slots} < pipeline.max_concurrency={p.max_concurrency}: "
-            "every episode in flight holds an engine slot (its KV cache stays parked between "
-            f"turns); set engine.max_slots={p.max_concurrency} or pipeline.max_concurrency="
-            f"{e.max_slots}, or page the cache (engine.kv_cache_tokens: parked episodes then "
-            "hold pages, not slots)")
-    if e.max_slots < cfg.eval.max_concurrency and not e.kv_cache_tokens:
-        raise ConfigError(
-            f"engine.max_slots={e.max_slots} < eval.max_concurrency={cfg.eval.max_concurrency}: "
-            f"set eval.max_concurrency={e.max_slots}")
+    # A parked episode holds pages, not a slot: fewer slots than episodes only queue turns.
     if e.max_seq_len <= c.max_episode_tokens:
         also = (f", and trainer.max_seq_len={t.max_seq_len} to {c.max_episode_tokens}"
                 if t.max_seq_len + 1 < c.max_episode_tokens else "")  # both in one go
