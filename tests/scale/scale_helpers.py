@@ -24,8 +24,8 @@ def make_model(seed: int = 0) -> Transformer:
     return Transformer(MODEL, rngs=nnx.Rngs(seed))
 
 
-def make_engine(model: Transformer, **kw) -> Engine:
-    return Engine(model, ENGINE_CONFIG, eos_token_ids=TOKENIZER.eos_token_ids, tokenizer=TOKENIZER, **kw)
+def make_engine(model: Transformer, config: EngineConfig = ENGINE_CONFIG, **kw) -> Engine:
+    return Engine(model, config, eos_token_ids=TOKENIZER.eos_token_ids, tokenizer=TOKENIZER, **kw)
 
 
 def make_collector(engine, env_factory, *, max_tokens: int = 6, max_turns: int = 4) -> Collector:

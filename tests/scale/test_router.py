@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import subprocess
@@ -18,7 +19,7 @@ from agentax.engine import EngineError, SequenceError
 from agentax.records import SamplingParams, Task, TrajectoryStatus
 from agentax.scale import EngineRouter
 from agentax.scale.testing import SleepyEnv
-from scale_helpers import TOKENIZER, make_collector, make_engine, make_model, run_episodes
+from scale_helpers import ENGINE_CONFIG, TOKENIZER, make_collector, make_engine, make_model, run_episodes
 
 PROMPTS = [TOKENIZER.encode(f"conversation {i}:") for i in range(4)]
 FOLLOW_UP = TOKENIZER.encode(" and then?")
@@ -132,7 +133,9 @@ def test_unknown_sequence_and_a_dead_replica_whose_requests_rerun_elsewhere(mode
 
 
 def test_collector_over_router_multi_turn(model):
-    router = EngineRouter([make_engine(model), make_engine(model)])
+    # Prefix sharing off: the prefill count below is exact only when no page is shared.
+    config = dataclasses.replace(ENGINE_CONFIG, prefix_sharing=False)
+    router = EngineRouter([make_engine(model, config), make_engine(model, config)])
     try:
         collector = make_collector(router, functools.partial(SleepyEnv, num_steps=3), max_turns=3)
         trajs = run_episodes(collector, [Task(id=f"t{i}", prompt="hi") for i in range(6)], concurrency=6)
