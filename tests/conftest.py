@@ -6,9 +6,9 @@ import tempfile
 
 # One persistent JAX compilation cache for the whole test session: many tests build the same
 # tiny models and compile identical kernels, which then load from disk instead of compiling
-# again. Subprocesses (the CLI tests, multi-process runs) and pytest-xdist workers share it
-# through the environment. A fresh directory per session, so nothing carries over between
-# runs; AGENTAX_TEST_JAX_CACHE=off turns it off (e.g. to compare).
+# again. Subprocesses (the CLI tests, multi-process runs) share it through the environment.
+# A fresh directory per session, so nothing carries over between runs;
+# AGENTAX_TEST_JAX_CACHE=off turns it off (e.g. to compare).
 _CACHE_ENV = "AGENTAX_TEST_JAX_CACHE_DIR"
 _created_cache: str | None = None
 
@@ -17,7 +17,7 @@ def _session_cache() -> str | None:
     global _created_cache
     if os.environ.get("AGENTAX_TEST_JAX_CACHE", "on") == "off":
         return None
-    if not os.environ.get(_CACHE_ENV):  # the first process of the session (xdist's controller)
+    if not os.environ.get(_CACHE_ENV):  # the test session's own process
         _created_cache = tempfile.mkdtemp(prefix="agentax-test-jax-")
         os.environ[_CACHE_ENV] = _created_cache
     path = os.environ[_CACHE_ENV]
@@ -47,19 +47,6 @@ def pytest_configure(config):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
         jax.config.update("jax_compilation_cache_max_size", 8 << 30)
-
-
-def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test.sh runs the suite), a test
-    # file stays on one worker, so its module fixtures (tiny models, compiled engines) are built
-    # once; the tests that start a local Ray cluster share one worker, one after another.
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    import pytest
-
-    for item in items:
-        ray = item.get_closest_marker("ray") or item.path.parent.name == "scale"
-        item.add_marker(pytest.mark.xdist_group("ray" if ray else item.nodeid.split("::")[0]))
 
 
 def pytest_unconfigure(config):
