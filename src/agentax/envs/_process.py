@@ -222,7 +222,11 @@ class ProcessEnvironment(Environment):
                     reply.set_exception(RuntimeError(
                         f"the worker process of {self.factory} died during {method}()"))
 
-            conn.send((method, arg))
+            try:
+                conn.send((method, arg))
+            except OSError as e:  # BrokenPipeError: it died (a kill) since its last call
+                raise RuntimeError(f"the worker process of {self.factory} died during "
+                                   f"{method}()") from e
             loop.add_reader(conn.fileno(), readable)
             try:
                 status, out = await reply
