@@ -494,9 +494,7 @@ class Engine:
                 self._drain_inbox()
                 if self._closing:
                     break
-                version = self._runner.apply_staged()
-                if version is not None:
-                    self._version = self._sched.version = version
+                self._runner.apply_staged(self._set_version)
                 if self._paused:
                     self._wake.wait(self.config.idle_wait_s)
                     continue
@@ -536,6 +534,9 @@ class Engine:
             self._inbox_submits = 0
         late = [item for kind, item in items if kind == "submit"]
         self._sched.fail_all(err, extra=late)
+
+    def _set_version(self, version: int) -> None:
+        self._version = self._sched.version = version
 
     def _drain_inbox(self) -> None:
         with self._inbox_lock:

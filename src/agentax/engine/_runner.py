@@ -6,6 +6,7 @@ the engine's step thread calls it (except `stage_weights`, safe from any thread)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import logging
 import threading
 import time
@@ -146,10 +147,11 @@ class Runner:
         if pending is not None and pending[2] is not None:
             pending[2].finish(why)
 
-    def apply_staged(self) -> int | None:
-        """Swaps in staged weights; returns their version (None if nothing was staged)."""
+    def apply_staged(self, on_applied: Callable[[int], None]) -> None:
+        """Swaps in staged weights (if any) and calls `on_applied(version)`; an in-place
+        caller is released only after that, so it reads the new version when it returns."""
         if self._pending is None:
-            return None
+            return
         with self._pending_lock:
             pending, self._pending = self._pending, None
         leaves, version, in_place = pending
@@ -158,7 +160,8 @@ class Runner:
                 self.weights, self.owns_weights = leaves, False  # the caller may hold them
             else:  # stacked: new buffers of the engine's own, the old ones dropped
                 self.weights, self.owns_weights = self._packer(leaves), True
-            return version
+            on_applied(version)
+            return
         try:
             # The first write goes into a copy (the current buffers may be the model's own);
             # from then on into the engine's buffers, donated: no second copy of the weights.
@@ -171,8 +174,8 @@ class Runner:
         except BaseException as exc:
             in_place.finish(f"{type(exc).__name__}: {exc}")
             raise  # the old buffers may be gone: the engine stops with the error
+        on_applied(version)
         in_place.finish(None)
-        return version
 
     # ------------------------------------------------------------------ kernels
 
