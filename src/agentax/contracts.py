@@ -49,7 +49,8 @@ class GenerateFn(Protocol):
 class EngineClient(GenerateFn, Protocol):
     """The front end of an engine: `GenerateFn` plus stream, weights, version and stats.
 
-    Every method is safe to call from the event loop (none blocks it for long).
+    `wait_published` blocks (call it from a thread, not the event loop); the others do not.
+
     """
 
     def stream(self, prompt_ids: Sequence[int] | np.ndarray,
@@ -61,6 +62,11 @@ class EngineClient(GenerateFn, Protocol):
 
     def update_weights(self, state: Any, version: int) -> None:
         """New weights for tokens sampled from now on, tagged with `version`."""
+        ...
+
+    def wait_published(self, timeout_s: float | None = None) -> bool:
+        """Blocks until the weights last given to `update_weights` are the ones new tokens
+        are sampled with (an engine may take them in the background); False: timed out."""
         ...
 
     @property
@@ -91,8 +97,8 @@ class EpisodeDriver(Protocol):
 
 
 GENERATE_FN_MEMBERS = ("generate", "release")
-ENGINE_CLIENT_MEMBERS = (*GENERATE_FN_MEMBERS, "stream", "update_weights", "policy_version",
-                         "stats")
+ENGINE_CLIENT_MEMBERS = (*GENERATE_FN_MEMBERS, "stream", "update_weights", "wait_published",
+                         "policy_version", "stats")
 
 
 def check_engine_client(engine: Any, where: str,

@@ -159,8 +159,13 @@ def test_weight_update_mid_flight_tags_versions(model):
         old = reference_greedy(model, [1, 2, 3], 60)
         assert out.token_ids[:switch].tolist() == old[:switch]
         assert out.token_ids[switch:].tolist() != old[switch:]
+        # Idle, the swap waits for the step thread's next turn; wait_published for it.
+        engine.update_weights(model, version=5)
+        assert engine.wait_published(30.0) and engine.policy_version == 5
     finally:
         engine.shutdown()
+    engine.update_weights(other, version=6)  # never swapped in: the engine is shut down
+    assert not engine.wait_published(1.0) and engine.policy_version == 5
 
 
 def test_precompiled_engine_generates_without_compiling(model, monkeypatch):

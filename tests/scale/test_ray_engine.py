@@ -58,6 +58,10 @@ def test_ray_engine_replica_behind_router():
             np.testing.assert_array_equal(wa.token_ids, ga.token_ids)
             np.testing.assert_array_equal(wb.token_ids, gb.token_ids)
         router.update_weights(jax.tree.map(lambda x: x * 0.5, nnx.state(model)), 1)
+        assert router.wait_published(60.0)
+        remote = router.replicas[0]
+        assert isinstance(remote, RayEngineReplica) and remote.wait_published(60.0)
+        assert remote.policy_version == 1  # swapped in, not only queued
         after = asyncio.run(_conversations(router))
         assert router.policy_version == 1
         assert all(int(c.versions.min()) == 1 for pair in after for c in pair)

@@ -133,6 +133,11 @@ class ScriptedEngine:
         del state
         self.version = int(version)
 
+    def wait_published(self, timeout_s: float | None = None) -> bool:
+        """True: `update_weights` takes effect at once."""
+        del timeout_s
+        return True
+
     @property
     def policy_version(self) -> int:
         return self.version

@@ -341,6 +341,19 @@ class Engine:
                               f"{self._error}") from self._error
         raise EngineClosed(f"update_weights(in_place=True): weights not written ({request.failure})")
 
+    def wait_published(self, timeout_s: float | None = None) -> bool:
+        """Blocks until weights staged by `update_weights` are swapped in (at the step thread's
+        next step); False: `timeout_s` passed, or the engine stopped, first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        want = self._runner.staged_count
+        while self._runner.applied_count < want:
+            if not self._thread.is_alive() or (deadline is not None
+                                               and time.monotonic() > deadline):
+                return False
+            self._wake.set()
+            time.sleep(0.005)
+        return True
+
     @property
     def mesh(self):
         """The mesh the engine is sharded over (None: one device)."""

@@ -90,6 +90,7 @@ class Runner:
         self._sampling_dev: tuple[RowSampling, jax.Array] | None = None
         self._pending: tuple[list, int, InPlace | None] | None = None
         self._pending_lock = threading.Lock()
+        self.staged_count = self.applied_count = 0  # weights staged / swapped in, ever
         self._writer = None  # the in-place weight write, jitted for this engine's layout
         self.owns_weights = stack is not None
         """Whether only the engine holds `weights` (then a publication may write into them):
@@ -137,6 +138,7 @@ class Runner:
         into the engine's own buffers and then sets `in_place.done` (safe from any thread)."""
         with self._pending_lock:
             replaced, self._pending = self._pending, (list(leaves), int(version), in_place)
+            self.staged_count += 1
         if replaced is not None and replaced[2] is not None:
             replaced[2].finish("superseded")  # its caller returns; the newer version applies
 
@@ -154,6 +156,7 @@ class Runner:
             return
         with self._pending_lock:
             pending, self._pending = self._pending, None
+            count = self.staged_count
         leaves, version, in_place = pending
         if in_place is None:
             if self._packer is None:
@@ -161,6 +164,7 @@ class Runner:
             else:  # stacked: new buffers of the engine's own, the old ones dropped
                 self.weights, self.owns_weights = self._packer(leaves), True
             on_applied(version)
+            self.applied_count = count
             return
         try:
             # The first write goes into a copy (the current buffers may be the model's own);
@@ -175,6 +179,7 @@ class Runner:
             in_place.finish(f"{type(exc).__name__}: {exc}")
             raise  # the old buffers may be gone: the engine stops with the error
         on_applied(version)
+        self.applied_count = count
         in_place.finish(None)
 
     # ------------------------------------------------------------------ kernels

@@ -176,11 +176,10 @@ class RLPhase:
         # (groups dropped for all-equal rewards: the pipeline's own warning, once a minute)
         result = await self.pipeline.arun(max(self.cfg.run.steps - self.start_step, 0))
         timings["rl_s"] = time.perf_counter() - t
-        # Ray engine replicas take weights in the background: the evaluation after RL waits
-        # for the last version to reach them.
-        wait_published = getattr(self.engine, "wait_published", None)
-        if wait_published is not None and not await asyncio.to_thread(
-                wait_published, self.cfg.scale.start_timeout_s):
+        # Engines take weights in the background (Ray replicas over the object store): the
+        # evaluation after RL waits for the last version to reach them.
+        if not await asyncio.to_thread(self.engine.wait_published,
+                                       self.cfg.scale.start_timeout_s):
             self.rep.warn(f"the last weights did not reach every engine replica within "
                           f"scale.start_timeout_s={self.cfg.scale.start_timeout_s:g} s; the "
                           "evaluation after RL may sample older ones")

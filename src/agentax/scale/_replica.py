@@ -64,6 +64,9 @@ class _EngineActor:
     def policy_version(self) -> int:
         return self.engine.policy_version
 
+    async def wait_published(self, timeout_s: float | None) -> bool:
+        return await asyncio.to_thread(self.engine.wait_published, timeout_s)
+
     def stats(self) -> Any:
         return self.engine.stats()
 
@@ -328,6 +331,12 @@ class RayEngineReplica:
 
         host = state if isinstance(state, self._ray.ObjectRef) else jax.device_get(_as_state(state))
         self._ray.get(self.actor.update_weights.remote(host, int(version)), timeout=self.call_timeout_s)
+
+    def wait_published(self, timeout_s: float | None = None) -> bool:
+        """`Engine.wait_published` in the actor (the call itself bounded by `call_timeout_s`
+        more than `timeout_s`)."""
+        limit = None if timeout_s is None else timeout_s + self.call_timeout_s
+        return bool(self._ray.get(self.actor.wait_published.remote(timeout_s), timeout=limit))
 
     @property
     def policy_version(self) -> int:
