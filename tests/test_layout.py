@@ -141,6 +141,16 @@ def test_no_large_or_build_files_are_tracked():
     assert big == [] and built == [], "keep wheels, builds, weights and files over 1 MB out of git"
 
 
+MAX_SOURCE_LINES = 600
+
+
+def test_no_source_file_is_past_600_lines():
+    """A module past 600 lines is split (a mixin, a helper module), not grown."""
+    long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in (ROOT / "src").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_SOURCE_LINES]
+    assert long == [], "split these modules"
+
+
 def test_lint_finds_no_errors():
     """ruff with the project's config (pyproject.toml [tool.ruff]): bugs such as undefined or
     unused names, not style."""

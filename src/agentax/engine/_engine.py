@@ -130,8 +130,7 @@ class Engine:
             cfg, eos_token_ids=self.eos_token_ids,
             decode=tokenizer.decode if tokenizer is not None else None, resolve=_resolve,
         )
-        self._version = int(policy_version)
-        self._sched.version = self._version
+        self._sched.version = int(policy_version)
         self._first_step_s: float | None = None
 
         self._inbox: collections.deque[tuple[str, Any]] = collections.deque()
@@ -344,11 +343,10 @@ class Engine:
     def wait_published(self, timeout_s: float | None = None) -> bool:
         """Blocks until weights staged by `update_weights` are swapped in (at the step thread's
         next step); False: `timeout_s` passed, or the engine stopped, first."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
         want = self._runner.staged_count
         while self._runner.applied_count < want:
-            if not self._thread.is_alive() or (deadline is not None
-                                               and time.monotonic() > deadline):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
                 return False
             self._wake.set()
             time.sleep(0.005)
@@ -367,7 +365,7 @@ class Engine:
     @property
     def policy_version(self) -> int:
         """Version of the weights the engine decodes with now."""
-        return self._version
+        return self._sched.version
 
     def pause(self) -> None:
         """Stops running steps after the current one; requests queue up. Non-blocking."""
@@ -413,7 +411,7 @@ class Engine:
             completed=c["completed"],
             failed=c["failed"],
             num_compiles=self.num_compiles,
-            policy_version=self._version,
+            policy_version=self._sched.version,
             compile_s=self._runner.compile_s,
             first_step_s=self._first_step_s,
             kv_pages_used=sched.pages_used(),
@@ -507,7 +505,7 @@ class Engine:
                 self._drain_inbox()
                 if self._closing:
                     break
-                self._runner.apply_staged(self._set_version)
+                self._runner.apply_staged(lambda v: setattr(self._sched, "version", v))
                 if self._paused:
                     self._wake.wait(self.config.idle_wait_s)
                     continue
@@ -548,9 +546,6 @@ class Engine:
         late = [item for kind, item in items if kind == "submit"]
         self._sched.fail_all(err, extra=late)
 
-    def _set_version(self, version: int) -> None:
-        self._version = self._sched.version = version
-
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
             items = list(self._inbox)
@@ -579,14 +574,15 @@ class Engine:
             fetched = dict(zip(needed, jax.device_get([out[i] for i in needed])))
         for i, plan in enumerate(plans):
             token, logprob = fetched.get(i, (None, None))
-            self._sched.finish_prefill(plan, token, logprob, self._version)
+            self._sched.finish_prefill(plan, token, logprob, self._sched.version)
         return True
 
     def _decode(self) -> bool:
         plan = self._sched.plan_decode()
         if plan is None:
             return False
-        version, sched = self._version, self._sched
+        sched = self._sched
+        version = sched.version
         # The slot gauges are sampled as the call starts (what it decodes) and, once no row is
         # left decoding, after it: a gauge sampled only after each call showed the call's
         # count one call late and held it while the engine idled (e.g. a sync run's train steps).
