@@ -50,7 +50,6 @@ class EngineClient(GenerateFn, Protocol):
     """The front end of an engine: `GenerateFn` plus stream, weights, version and stats.
 
     `wait_published` blocks (call it from a thread, not the event loop); the others do not.
-
     """
 
     def stream(self, prompt_ids: Sequence[int] | np.ndarray,

@@ -6,10 +6,10 @@ the engine's step thread calls it (except `stage_weights`, safe from any thread)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
