@@ -1,12 +1,31 @@
 """Session-wide test settings."""
 
+import os
+
 
 def pytest_configure(config):
+    # The default suite's programs are tiny, so XLA's compiling dominates its time on CPU, and
+    # LLVM at -O0 compiles faster. Not for a session that selects the `slow` tests: their learning
+    # runs execute long enough that -O0's slower code costs more than it saves. Set before JAX
+    # starts its backend, so that the subprocesses tests start inherit it too.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not _selects_slow_tests(config) and "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
     # Some tests leave a sync call hung on a stage thread on purpose (tests/faults); at exit the
     # test process waits for such calls at most this long, not the 5 s a real run gives one.
     import agentax._executors
 
     agentax._executors.EXIT_WAIT_S = 0.5
+
+
+def _selects_slow_tests(config) -> bool:
+    """Whether the session's `-m` expression selects a test marked `slow` (and nothing else)."""
+    markexpr = config.getoption("markexpr")
+    if not markexpr:
+        return True
+    from _pytest.mark.expression import Expression  # pytest's own evaluation of `-m`
+
+    return bool(Expression.compile(markexpr).evaluate(lambda name, **_: name == "slow"))
 
 
 # tests/data holds test data, including SWE-bench-format repository snapshots whose own test files

@@ -102,7 +102,7 @@ def test_train_resume_eval_export_doctor(tmp_path, capsys):
     (["train", "trainer.learnin_rate=1"], "Did you mean 'learning_rate'"),
     (["train", "pipeline.group_size=1"], "pipeline.group_size>=2"),
     (["train", "no-such-recipe"], "neither a YAML file nor a recipe"),
-    (["export", "/nonexistent/run", "/tmp/x"], "config.yaml"),
+    (["export", "/nonexistent/run", "/nonexistent/out"], "config.yaml"),
     (["train", "pipeline.mode=asynch"], "choose one of 'sync', 'async'"),
 ])
 def test_user_errors_exit_2_with_the_fix(args, needle, capsys):
