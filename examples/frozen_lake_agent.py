@@ -10,6 +10,8 @@ ones, exactly as `agentax train frozen_lake`. Your own environment or agent plug
 way: `env.factory=package.module:function` (see docs/quickstart.md).
 
 Run: python examples/frozen_lake_agent.py [--steps N]   (40: the recipe's full run)
+     python examples/frozen_lake_agent.py --quick   (one RL step after a 10-step warm start:
+     a check of the wiring that learns nothing)
 """
 
 import argparse
@@ -17,11 +19,14 @@ import argparse
 from agentax.run import Hook, train
 
 
-def main(steps):
+def main(steps, quick=False):
+    # --quick: a 10-step warm start, and every group trained on: the wiring, not the learning
+    warm_start = ["sft.steps=10", "pipeline.filters=[]"] if quick else []
     show = Hook(lambda s: print(f"step {s.step}: reward {s.metrics.get('reward', 0):.3f}, "
                                 f"holes {s.metrics.get('hole', 0):.2f}"))
     result = train("frozen_lake", hooks=[show], overrides=[
-        f"run.steps={steps}", f"tasks.num_eval={min(64, 8 * steps)}", "tracing.console=false"])
+        f"run.steps={steps}", f"tasks.num_eval={min(64, 8 * steps)}", "tracing.console=false",
+        *warm_start])
     before, after = result.eval_before, result.eval_after
     print(f"trained {result.steps} RL steps; held-out greedy success "
           f"{before['eval/greedy/success']:.2f} -> {after['eval/greedy/success']:.2f}; "
@@ -32,4 +37,7 @@ def main(steps):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
-    main(parser.parse_args().steps)
+    parser.add_argument("--quick", action="store_true",
+                        help="one RL step after a 10-step warm start (the wiring, not the learning)")
+    args = parser.parse_args()
+    main(1 if args.quick else args.steps, args.quick)

@@ -1,5 +1,6 @@
 """Every example in examples/ runs to the end in a subprocess, in its reduced form: one RL step
-of its real training run (engine, collector, pipeline, trainer), which the example asserts.
+of its real training run (engine, collector, pipeline, trainer), which the example asserts
+(`--quick` where an example has one: a short warm start as well).
 The default suite runs math_single_turn.py (~13 s alone); the others are marked slow, and
 `.ci/run` runs them after the default suite (together ~100 s on 2 cores, cold; swe_task.py
 alone ~50 s: its byte-level prompt of ~3,200 tokens makes the trainer's rows 4096 long)."""
@@ -20,9 +21,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 OWN_TEST = {"ray_cluster.py": "tests/scale/test_ray_cluster_example.py"}
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if p.name not in OWN_TEST)
 DEFAULT = {"math_single_turn.py"}  # the rest run in the slow stage
-# Measured alone on 2 cores: 37, 25, 25, 23, 16, 13 s before frozen_lake_agent.py and
-# calculator_tool.py became agentax.run.train runs with the recipes' SFT warm start (123 s and
-# 79 s on a busy machine, 2026-12-06); an unlisted (new) example starts first.
+# The longest first; an unlisted (new) example starts first.
 LONGEST_FIRST = ["frozen_lake_agent.py", "calculator_tool.py", "bash_task.py",
                  "gymnasium_wrapper.py", "openai_sdk_agent.py", "math_single_turn.py"]
 
@@ -40,7 +39,8 @@ def _run(script: str) -> subprocess.CompletedProcess:
         env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve())
                                             for p in env["PYTHONPATH"].split(os.pathsep) if p)
     text = (EXAMPLES / script).read_text()
-    reduced = ["--steps", "1"] if "--steps" in text else ["--quick"]
+    # --quick where an example has one (a short warm start as well), else one RL step.
+    reduced = ["--quick"] if "--quick" in text else ["--steps", "1"]
     # In a folder of its own: an example that calls agentax.run.train writes runs/ there.
     with tempfile.TemporaryDirectory() as cwd:
         return subprocess.run([sys.executable, str(EXAMPLES / script), *reduced], cwd=cwd,
