@@ -20,12 +20,12 @@ from agentax.run import Hook, RunConfig, train
 
 def main(steps, quick=False):
     # --quick: a 10-step warm start, and every group trained on: the wiring, not the learning
-    warm_start = ["sft.steps=10", "pipeline.filters=[]"] if quick else []
+    smoke = ["sft.steps=10", "pipeline.filters=[]"] if quick else []
     config = RunConfig()  # the embedded CPU demo; a recipe: train("frozen_lake"), a YAML path
     show = Hook(lambda s: print(f"step {s.step}: reward {s.metrics.get('reward', 0):.3f}"))
     result = train(config, hooks=[show],  # overrides as on the command line
                    overrides=[f"run.steps={steps}", f"tasks.num_eval={min(64, 8 * steps)}",
-                              *warm_start])
+                              *smoke])
     before, after = result.eval_before, result.eval_after
     print(f"trained {result.steps} RL steps; held-out greedy success "
           f"{before['eval/greedy/success']:.2f} -> {after['eval/greedy/success']:.2f}; "

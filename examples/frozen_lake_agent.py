@@ -21,12 +21,12 @@ from agentax.run import Hook, train
 
 def main(steps, quick=False):
     # --quick: a 10-step warm start, and every group trained on: the wiring, not the learning
-    warm_start = ["sft.steps=10", "pipeline.filters=[]"] if quick else []
+    smoke = ["sft.steps=10", "pipeline.filters=[]"] if quick else []
     show = Hook(lambda s: print(f"step {s.step}: reward {s.metrics.get('reward', 0):.3f}, "
                                 f"holes {s.metrics.get('hole', 0):.2f}"))
     result = train("frozen_lake", hooks=[show], overrides=[
         f"run.steps={steps}", f"tasks.num_eval={min(64, 8 * steps)}", "tracing.console=false",
-        *warm_start])
+        *smoke])
     before, after = result.eval_before, result.eval_after
     print(f"trained {result.steps} RL steps; held-out greedy success "
           f"{before['eval/greedy/success']:.2f} -> {after['eval/greedy/success']:.2f}; "
