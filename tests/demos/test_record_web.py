@@ -125,3 +125,30 @@ def test_record_many_closes_the_browser_its_episodes_shared(tmp_path):
     convs = record_many(make_env, CompactWebAgent, tasks, click_target(lambda t: t.answer))
     assert len(convs) == 2 and pids and pids[0] is not None
     assert envs[0].host.browser_pid() is None, "record_many left its browser running"
+
+
+def test_record_many_plays_episodes_at_once_and_keeps_the_tasks_order(tmp_path):
+    """`concurrency` episodes share the browser; the conversations come back in the tasks'
+    order, each the one a one-at-a-time recording gives."""
+    from agentax.agents import CompactWebAgent
+
+    page = tmp_path / "buttons.html"
+    page.write_text(PAGE)
+    tasks = [Task(id=f"b{i}", prompt=f'Click the "{c}" button.', answer=c,
+                  meta={"url": page.as_uri()}) for i, c in enumerate(["Blue", "Red", "Green"] * 3)]
+    make_env = lambda: BrowserEnvironment(sites={"url": ButtonsSite()}, max_steps=2)  # noqa: E731
+    policy = click_target(lambda t: t.answer)
+    one_by_one = record_many(make_env, CompactWebAgent, tasks, policy)
+    at_once = record_many(make_env, CompactWebAgent, tasks, policy, concurrency=4)
+    assert _tokens(at_once) == _tokens(one_by_one)
+    assert [c[-1].content for c in at_once] == [c[-1].content for c in one_by_one]
+    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
+        record_many(make_env, CompactWebAgent, tasks, policy, concurrency=0)
+
+    def failing(observation, task):
+        if task.id == "b5":
+            raise RuntimeError("the policy failed on b5")
+        return policy(observation, task)
+
+    with pytest.raises(RuntimeError, match="failed on b5"):  # the error itself, not a group
+        record_many(make_env, CompactWebAgent, tasks, failing, concurrency=4)

@@ -163,8 +163,9 @@ def record(env: Any, agent: Agent, task: Task, policy: Policy, *,
 
 def record_many(env_factory: Callable[[], Any], agent_factory: Callable[[], Agent],
                 tasks: Iterable[Task], policy: Policy, *, min_reward: float | None = None,
-                max_turns: int = 32) -> list[list[Message]]:
-    """Demonstrations for `tasks`, one episode each (in order), as `sft.demos` returns them.
+                max_turns: int = 32, concurrency: int = 1) -> list[list[Message]]:
+    """Demonstrations for `tasks`, one episode each, in the tasks' order, as `sft.demos`
+    returns them.
 
     Args:
       env_factory / agent_factory: what `env.factory` / `agent.factory` name (called per task).
@@ -172,21 +173,38 @@ def record_many(env_factory: Callable[[], Any], agent_factory: Callable[[], Agen
       policy: as in `arecord` (a list of replies serves every task).
       min_reward: keep only episodes whose reward reaches it (None: keep all).
       max_turns: replies at most per episode.
+      concurrency: episodes played at once (they share one browser, or one MCP session per
+        server). Above 1 the policy's calls interleave across episodes, so a policy that
+        draws from one shared random generator records different demonstrations from run to
+        run; seed its randomness per task (as `docs/environments.md` does) to keep them fixed.
 
     Returns:
       The conversations (lists of `Message`), ready for `sft.demos`. The browser (or MCP
       sessions) the episodes shared is closed before it returns.
+
+    Raises:
+      ValueError: `concurrency` < 1, or as `arecord` raises (the other episodes are cancelled).
     """
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"record_many: concurrency must be an integer >= 1, got {concurrency!r}")
+    tasks = list(tasks)
+
     async def run() -> list[list[Message]]:
-        out = []
-        try:
-            for task in tasks:
-                demo = await arecord(env_factory(), agent_factory(), task, policy,
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(task: Task) -> Demonstration:
+            async with gate:
+                return await arecord(env_factory(), agent_factory(), task, policy,
                                      max_turns=max_turns)
-                if min_reward is None or demo.reward >= min_reward:
-                    out.append(list(demo.messages))
+
+        try:
+            async with asyncio.TaskGroup() as group:  # a failure cancels the episodes left
+                played = [group.create_task(one(task)) for task in tasks]
+        except BaseExceptionGroup as e:  # the first failure, as a sequential loop would raise
+            raise e.exceptions[0] from None
         finally:
             await _close_shared()
-        return out
+        return [list(d.messages) for d in (p.result() for p in played)
+                if min_reward is None or d.reward >= min_reward]
 
     return asyncio.run(run())
