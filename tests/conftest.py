@@ -31,7 +31,7 @@ def _selects_slow_tests(config) -> bool:
         return True
 
 
-# The slow stage's longest modules (a cold run on 2 cores: 390 s down to ~50 s each). On pytest-xdist
+# The slow stage's longest modules, longest first (by a cold run's durations). On pytest-xdist
 # workers with `--dist loadfile` a module is handed out whole, in collection order, so these go
 # first: a long module started last would leave the other worker idle for its whole length.
 LONGEST_FIRST = [

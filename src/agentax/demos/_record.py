@@ -176,7 +176,7 @@ def record_many(env_factory: Callable[[], Any], agent_factory: Callable[[], Agen
       concurrency: episodes played at once (they share one browser, or one MCP session per
         server). Above 1 the policy's calls interleave across episodes, so a policy that
         draws from one shared random generator records different demonstrations from run to
-        run; seed its randomness per task (as `docs/environments.md` does) to keep them fixed.
+        run; seed its randomness per task to keep them fixed.
 
     Returns:
       The conversations (lists of `Message`), ready for `sft.demos`. The browser (or MCP
