@@ -9,7 +9,17 @@ run measures 1 episode at a time and 8 at once in one browser (each in its own c
 * `browser_contexts_8_over_1`: their ratio (the issue's goal: >= 3 on 2 cores) — what sharing
   one browser among concurrent episodes buys while each waits on page work.
 * `observation_ms_p50`: median time of building one text view of a MiniWoB page (`observe_s`).
-* `reset_ms_p50`: median episode start (new context, page load, seeding).
+* `reset_ms_p50`: median episode start (a recycled page, page load, seeding).
+
+A second workload is the shape of an RL step on a small page: episodes of one reset and one
+click on a local page of three buttons, 8 at a time, each in a new `BrowserEnvironment` (as the
+collector makes them), once with pages recycled between episodes (`reuse_pages=True`, the
+default) and once with a fresh context each (`reuse_pages=False`), interleaved in rounds:
+
+* `short_episodes_per_s_recycled`, `short_episodes_per_s_fresh`, and their ratio
+  `short_episode_recycled_over_fresh`;
+* `short_episode_cpu_ms_recycled`, `short_episode_cpu_ms_fresh`: the host's CPU time (all
+  processes: Python, the Playwright driver, Chromium) per episode, from /proc/stat.
 
     python benchmarks/browser.py            # full run, writes benchmarks/results/browser.json
     python benchmarks/browser.py --quick    # < 60 s
@@ -25,12 +35,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
+import tempfile
+
 from agentax.envs import BrowserEnvironment, miniwob_task, shutdown_browser
-from agentax.records import Action
+from agentax.records import Action, Task
+
+_BUTTONS = """<!doctype html><html><body><script>
+for (const label of new URLSearchParams(location.search).get("labels").split(",")) {
+  const b = document.createElement("button");
+  b.textContent = label;
+  b.onclick = () => { document.body.dataset.clicked = label; };
+  document.body.append(b);
+}
+</script></body></html>"""
 
 
 async def _episode(env: BrowserEnvironment, seed: int, steps: int, obs_s: list[float],
@@ -63,6 +85,48 @@ async def _rate(n: int, steps: int, rounds: int, obs_s: list[float], reset_s: li
     return total / elapsed
 
 
+def _host_cpu_s() -> float:
+    """CPU seconds the whole host has spent (user + system, all processes)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+async def _short_episodes(url: str, reuse: bool, n: int, first: int) -> None:
+    async def one(i: int) -> None:
+        env = BrowserEnvironment(reuse_pages=reuse, max_steps=2)
+        obs = await env.reset(Task(id=f"b{i}", meta={"url": f"{url}?labels=Red,Green,{i}"}))
+        target = next(ln for ln in obs.content.splitlines() if ln.startswith("[") and "Red" in ln)
+        await env.step(Action(text=f"click {target[1:target.index(']')]}"))
+        await env.close()
+
+    await asyncio.gather(*(one(first + i) for i in range(n)))
+
+
+async def _short(rounds: int) -> dict[str, float]:
+    page = Path(tempfile.mkdtemp()) / "buttons.html"
+    page.write_text(_BUTTONS)
+    url = page.as_uri()
+    for reuse in (True, False):  # warm both paths
+        await _short_episodes(url, reuse, 8, 0)
+    wall = {True: 0.0, False: 0.0}
+    cpu = {True: 0.0, False: 0.0}
+    for r in range(rounds):
+        for reuse in ((True, False) if r % 2 == 0 else (False, True)):
+            c0, t0 = _host_cpu_s(), time.perf_counter()
+            await _short_episodes(url, reuse, 8, 8 * r)
+            wall[reuse] += time.perf_counter() - t0
+            cpu[reuse] += _host_cpu_s() - c0
+    episodes = 8 * rounds
+    return {
+        "short_episodes_per_s_recycled": round(episodes / wall[True], 1),
+        "short_episodes_per_s_fresh": round(episodes / wall[False], 1),
+        "short_episode_recycled_over_fresh": round(wall[False] / wall[True], 2),
+        "short_episode_cpu_ms_recycled": round(1000 * cpu[True] / episodes, 1),
+        "short_episode_cpu_ms_fresh": round(1000 * cpu[False] / episodes, 1),
+    }
+
+
 async def main(quick: bool) -> dict[str, float]:
     steps, rounds = (10, 2) if quick else (20, 4)
     obs_s: list[float] = []
@@ -70,6 +134,7 @@ async def main(quick: bool) -> dict[str, float]:
     try:
         one = await _rate(1, steps, rounds * 2, obs_s, reset_s)
         eight = await _rate(8, steps, rounds, [], [])
+        short = await _short(10 if quick else 40)
     finally:
         await shutdown_browser()
     return {
@@ -78,6 +143,7 @@ async def main(quick: bool) -> dict[str, float]:
         "browser_contexts_8_over_1": round(eight / one, 2),
         "observation_ms_p50": round(1000 * statistics.median(obs_s), 2),
         "reset_ms_p50": round(1000 * statistics.median(reset_s), 1),
+        **short,
     }
 
 

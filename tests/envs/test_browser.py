@@ -291,6 +291,96 @@ def test_twenty_concurrent_contexts_do_not_share_cookies():
         assert f"cookie: who=user{i}" in view, view
 
 
+# A page that reports what an earlier episode could have left behind, then leaves some of each.
+_LEAVER = b"""<!doctype html><html><body><p id="seen">?</p><button id="pop">Pop</button><script>
+(async () => {
+  const db = await new Promise(ok => { const r = indexedDB.open('d'); r.onupgradeneeded = () =>
+    r.result.createObjectStore('s'); r.onsuccess = () => ok(r.result); });
+  const idb = await new Promise(ok => { const q = db.transaction('s').objectStore('s').get('k');
+    q.onsuccess = () => ok(q.result || 'none'); });
+  document.getElementById('seen').textContent = [
+    'cookie=' + (document.cookie || 'none'), 'local=' + (localStorage.getItem('k') || 'none'),
+    'session=' + (sessionStorage.getItem('k') || 'none'), 'idb=' + idb,
+    'name=' + (window.name || 'none'), 'history=' + history.length].join(' ');
+  document.cookie = 'k=1; max-age=3600'; localStorage.setItem('k', '1'); sessionStorage.setItem('k', '1');
+  db.transaction('s', 'readwrite').objectStore('s').put('1', 'k'); window.name = 'left';
+  history.pushState({}, '', '#pushed');
+})();
+document.getElementById('pop').onclick = () => window.open(location.href.split('#')[0] + '?popup');
+</script></body></html>"""
+
+
+class _Leaver(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(_LEAVER)
+
+
+def test_a_recycled_page_carries_nothing_of_the_episode_before():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Leaver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+
+    async def seen(env, i):
+        obs = await env.reset(Task(id=f"l{i}", meta={"url": url}))
+        for _ in range(100):  # the page's script is async (IndexedDB)
+            if "cookie=" in obs.content and "history=" in obs.content:
+                break
+            await asyncio.sleep(0.02)
+            obs = (await env.step(Action(text="scroll down"))).observation
+        line = next(ln for ln in obs.content.splitlines() if "cookie=" in ln)
+        await env.step(Action(text=f"click {ids(obs.content, 'Pop')}"))  # a pop-up, left open
+        return line, env.page
+
+    async def go():
+        env = BrowserEnvironment(max_steps=200)
+        first, page1 = await seen(env, 0)
+        await env.close()
+        host = env.host
+        env2 = BrowserEnvironment(max_steps=200)
+        second, page2 = await seen(env2, 1)  # a new environment, the same (recycled) page
+        await env2.close()
+        fresh = BrowserEnvironment(max_steps=200, reuse_pages=False)
+        third, page3 = await seen(fresh, 2)
+        await fresh.close()
+        return first, second, third, page1 is page2, page3 is not page1, dict(host.stats)
+
+    try:
+        first, second, third, reused, fresh_page, stats = run(go())
+    finally:
+        server.shutdown()
+    # The same view as a fresh context's page (history included: what `history.length` says).
+    assert "cookie=none local=none session=none idb=none name=none" in first
+    assert first == second == third, (first, second, third)
+    assert reused and fresh_page
+    assert stats["recycled_tabs"] >= 1 and stats["contexts"] == 2, stats
+
+
+def test_a_timed_out_episode_does_not_hand_its_page_on(tmp_path, page_task):
+    hang = tmp_path / "hang.html"
+    hang.write_text('<button onclick="for (;;) {}">Hang</button>')
+
+    async def go():
+        env = BrowserEnvironment(step_timeout_s=1.0)
+        obs = await env.reset(Task(id="hang", meta={"url": hang.as_uri()}))
+        first = env.page
+        with pytest.raises(EnvError) as err:  # the page never answers: the step's limit ends it
+            await env.step(Action(text=f"click {ids(obs.content, 'Hang')}"))
+        await env.reset(page_task)  # the same environment's next episode: a fresh page
+        second = env.page
+        await env.close()
+        return err.value.status, first is not second, env.host.stats["recycled_tabs"]
+
+    status, differs, recycled = run(go())
+    assert status == TrajectoryStatus.TIMEOUT
+    assert differs and recycled == 1  # only the clean second episode's page went back
+
+
 def test_miniwob_seeds_give_fixed_instances_and_the_page_scores_them():
     async def go():
         env = BrowserEnvironment()

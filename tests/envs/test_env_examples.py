@@ -22,8 +22,8 @@ OWN_TEST = {"ray_cluster.py": "tests/scale/test_ray_cluster_example.py"}
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if p.name not in OWN_TEST)
 DEFAULT = {"math_single_turn.py"}  # the rest run in the slow stage
 # The longest first; an unlisted (new) example starts first.
-LONGEST_FIRST = ["calculator_tool.py", "bash_task.py", "gymnasium_wrapper.py",
-                 "openai_sdk_agent.py", "frozen_lake_agent.py", "math_single_turn.py"]
+LONGEST_FIRST = ["frozen_lake_agent.py", "bash_task.py", "calculator_tool.py", "gymnasium_wrapper.py",
+                 "openai_sdk_agent.py", "math_single_turn.py"]
 
 
 def test_the_expected_examples_exist():

@@ -29,6 +29,7 @@ Trace spans (on the caller's track): `browser_navigate`, `browser_action`, `brow
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 import urllib.parse
@@ -37,7 +38,7 @@ from typing import Any
 
 from agentax.envs._base import EnvError, Environment
 from agentax.envs._browser_actions import BrowserAction, parse_browser_action
-from agentax.envs._browser_host import BrowserHost, browser_host, find_chromium
+from agentax.envs._browser_host import BrowserHost, BrowserTab, browser_host, find_chromium
 from agentax.envs._browser_obs import ID_ATTR, OBSERVE_JS, format_view
 from agentax.records import Action, Observation, StepResult, Task, TrajectoryStatus
 from agentax.trace import get_tracer, names
@@ -182,6 +183,15 @@ class _BrowserCrashed(Exception):
     pass
 
 
+async def _filter_request(host: BrowserHost, route: Any) -> None:
+    """A context's route handler: loopback requests go on, others are refused and counted."""
+    if is_loopback_url(route.request.url):
+        await route.continue_()
+        return
+    host.stats["blocked_requests"] += 1
+    await route.abort("blockedbyclient")
+
+
 class BrowserEnvironment(Environment):
     """A headless-Chromium page, observed as text, acted on with parsed browser actions.
 
@@ -195,6 +205,12 @@ class BrowserEnvironment(Environment):
       viewport: (width, height) of the page.
       screenshot: also put a PNG of the page in `Observation.raw` (off: text only).
       executable_path: Chromium to drive (default: found on PATH or `$AGENTAX_CHROMIUM`).
+      reuse_pages: start an episode in a page an earlier episode of this browser finished in,
+        scrubbed (cookies, permissions, the storage of the origins it visited, `window.name`,
+        history and pop-ups cleared), instead of opening a fresh context and page, which
+        starts a renderer process. False: a fresh context for every episode (use it when a
+        site's `setup` changes the page itself, e.g. registers handlers or routes). An
+        episode that timed out or crashed never hands its page on.
       **limits: `max_steps` (default 10), `reset_timeout_s`, `step_timeout_s`.
 
     Raises:
@@ -217,6 +233,7 @@ class BrowserEnvironment(Environment):
         viewport: tuple[int, int] = (800, 600),
         screenshot: bool = False,
         executable_path: str | None = None,
+        reuse_pages: bool = True,
         **limits: Any,
     ) -> None:
         super().__init__(**limits)
@@ -229,10 +246,13 @@ class BrowserEnvironment(Environment):
         self.navigation_timeout_s = navigation_timeout_s
         self.viewport = viewport
         self.screenshot = screenshot
+        self.reuse_pages = reuse_pages
         self.browser_stats: dict[str, int] = {"actions": 0, "invalid_actions": 0, "failed_actions": 0,
                                               "blocked_gotos": 0, "crashed_episodes": 0}
         """Counters over this environment's lifetime."""
         self._host: BrowserHost | None = None
+        self._tab: BrowserTab | None = None
+        self._tab_clean = False
         self._context: Any = None
         self._page: Any = None
         self._gen = 0
@@ -273,16 +293,14 @@ class BrowserEnvironment(Environment):
         self._host = browser_host(self.executable_path)
         nav_s = self.navigation_timeout_s
         try:
-            self._context, self._gen = await self._timed(self._host.new_context(
-                viewport={"width": self.viewport[0], "height": self.viewport[1]}, service_workers="block"),
-                nav_s, "opening a browser context")
+            key = (self.viewport,)
+            tab = self._host.take_tab(key) if self.reuse_pages else None
+            if tab is None:
+                tab = await self._open_tab(key, nav_s)
+            self._tab, self._tab_clean = tab, True
+            self._context, self._page, self._gen = tab.context, tab.page, tab.generation
             self._context.set_default_timeout(self.action_timeout_s * 1000)
             self._context.set_default_navigation_timeout(nav_s * 1000)
-            # Only non-local URLs are routed to us (the pattern is matched in the driver), so
-            # local pages load at full speed; the launch flags are a second wall behind this one.
-            await self._timed(self._context.route(_NOT_LOCAL, self._filter_request), nav_s, "routing")
-            await self._timed(self._context.add_init_script(_NAV_FLAG_JS), nav_s, "init script")
-            self._page = await self._timed(self._context.new_page(), nav_s, "opening a page")
             self._site, self._episode_task = site, task
             url = site.start_url(task)
             self._allow = (_origin_prefix(url), *site.allow)
@@ -292,6 +310,24 @@ class BrowserEnvironment(Environment):
             return (await self._observe_state())[0]
         except _BrowserCrashed as e:
             raise self._crash_error("reset", e) from None
+
+    async def _open_tab(self, key: tuple, nav_s: float) -> BrowserTab:
+        """A fresh context (network filter and navigation flag installed) and its page."""
+        assert self._host is not None
+        host = self._host
+        context, gen = await self._timed(host.new_context(
+            viewport={"width": self.viewport[0], "height": self.viewport[1]}, service_workers="block"),
+            nav_s, "opening a browser context")
+        self._context, self._gen = context, gen  # closed by `_release` if the rest fails
+        # Only non-local URLs are routed to us (the pattern is matched in the driver), so
+        # local pages load at full speed; the launch flags are a second wall behind this one.
+        await self._timed(context.route(_NOT_LOCAL, functools.partial(_filter_request, host)), nav_s, "routing")
+        await self._timed(context.add_init_script(_NAV_FLAG_JS), nav_s, "init script")
+        page = await self._timed(context.new_page(), nav_s, "opening a page")
+        tab = BrowserTab(context=context, page=page, generation=gen, key=key)
+        tab.track(page)
+        context.on("page", tab.track)
+        return tab
 
     async def _timed(self, coro: Any, timeout_s: float, what: str) -> Any:
         """`_bounded`, a timeout being the episode's end (TIMEOUT) with what hung."""
@@ -333,12 +369,18 @@ class BrowserEnvironment(Environment):
 
     async def _release(self) -> None:
         context, self._context, self._page = self._context, None, None
+        tab, self._tab = self._tab, None
         task, self._episode_task = self._episode_task, None
         if self._site is not None and task is not None:
             try:
                 await asyncio.wait_for(self._site.release(task), 5)
             except Exception:  # noqa: BLE001 - best effort cleanup
                 pass
+        # Only an episode that ended cleanly hands its page on (a timeout or crash may have
+        # left it mid-navigation or hung).
+        if (tab is not None and self._tab_clean and self.reuse_pages and self._host is not None
+                and self._state()["broken"] is None and await self._host.recycle(tab)):
+            return
         if context is not None:
             try:
                 await asyncio.wait_for(context.close(), 5)
@@ -363,23 +405,18 @@ class BrowserEnvironment(Environment):
 
         try:
             return await asyncio.wait_for(coro, timeout_s)
+        except asyncio.CancelledError:
+            self._tab_clean = False  # the page may be mid-call: it is not handed on
+            raise
+        except TimeoutError:
+            self._tab_clean = False
+            if self._crashed():
+                raise _BrowserCrashed("no answer from the browser") from None
+            raise
         except PlaywrightError as e:
             if self._crashed():
                 raise _BrowserCrashed(str(e).splitlines()[0]) from None
             raise
-        except TimeoutError:
-            if self._crashed():
-                raise _BrowserCrashed("no answer from the browser") from None
-            raise
-
-    async def _filter_request(self, route: Any) -> None:
-        url = route.request.url
-        if is_loopback_url(url):
-            await route.continue_()
-            return
-        if self._host is not None:
-            self._host.stats["blocked_requests"] += 1
-        await route.abort("blockedbyclient")
 
     async def _act(self, a: BrowserAction) -> str:
         """Run one action; return '' on success, else what went wrong (for the model)."""

@@ -5,6 +5,15 @@ through Playwright (`executable_path`, nothing downloaded) on first use. Each ep
 isolated *context* of its own (`new_context`: fresh cookies, storage and cache), so many
 episodes run in one browser at once.
 
+A finished episode's context and page (a `BrowserTab`) can go back to the host instead of being
+closed (`recycle`), scrubbed: the page is moved to `about:blank` (the episode's document, its
+timers and workers end), `window.name`, cookies, permissions, the storage of every origin the
+tab's pages visited (local and session storage, IndexedDB, cache storage, service workers) and
+the navigation history are cleared, and extra pages (pop-ups) are closed. The next episode
+`take_tab`s it and skips opening a context and a page, which starts a renderer process: a
+start costs about half the CPU of a fresh context (`benchmarks/browser.py`). The HTTP cache is
+kept. A tab serves at most `MAX_TAB_EPISODES` episodes; a browser crash drops the idle ones.
+
 When the browser dies (crash, OOM kill), Playwright reports it disconnected: the host counts the
 crash, the episodes whose contexts lived in it fail (`is_current(generation)` turns false, the
 environment ends them as ENV_ERROR and counts them here), and the next `new_context` launches a
@@ -19,6 +28,7 @@ or the `playwright` package is missing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import re
@@ -30,7 +40,7 @@ from typing import Any
 
 from agentax.trace import get_tracer, names
 
-__all__ = ["BrowserHost", "BrowserUnavailableError", "browser_host", "check_browser_available",
+__all__ = ["BrowserHost", "BrowserTab", "BrowserUnavailableError", "browser_host", "check_browser_available",
            "find_chromium", "shutdown_browser"]
 
 
@@ -165,13 +175,65 @@ def check_browser_available(executable_path: str | None = None) -> str:
     return find_chromium(executable_path)
 
 
+MAX_TAB_EPISODES = 200
+"""Episodes one recycled tab serves before it is closed (bounds what a page can leak)."""
+
+MAX_IDLE_TABS = 64
+"""Idle tabs a host keeps; more are closed."""
+
+_BLANK_NAME_JS = "() => { window.name = ''; }"
+
+
+def _storage_origin(url: str) -> str | None:
+    """The origin `Storage.clearDataForOrigin` takes for a page at `url` (None: nothing to clear)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    if scheme == "file":
+        return "file://"
+    if scheme in ("http", "https"):
+        return f"{scheme}://{rest.split('/', 1)[0]}"
+    return None
+
+
+@dataclasses.dataclass(eq=False)
+class BrowserTab:
+    """A context and its page, owned by one episode at a time.
+
+    Attributes:
+      context, page: the Playwright objects.
+      generation: the browser launch they live in (`BrowserHost.is_current`).
+      key: the context options they were made with (a tab is reused only for the same).
+      origins: origins its pages have visited since the last scrub.
+      episodes: episodes it has started.
+    """
+
+    context: Any
+    page: Any
+    generation: int
+    key: tuple
+    origins: set[str] = dataclasses.field(default_factory=set)
+    episodes: int = 1
+    cdp: Any = None
+
+    def track(self, page: Any) -> None:
+        """Record the origins `page`'s frames navigate to (they are cleared at the scrub)."""
+        page.on("framenavigated", self._visited)
+
+    def _visited(self, frame: Any) -> None:
+        origin = _storage_origin(frame.url)
+        if origin is not None:
+            self.origins.add(origin)
+
+
 class BrowserHost:
     """The shared headless Chromium of one event loop.
 
     Attributes:
       stats: launches, crashes (browsers that died under us), crashed_episodes (episodes ended
         by a crash; the environment counts them), contexts (opened over the lifetime),
-        blocked_requests (network requests refused: not loopback).
+        blocked_requests (network requests refused: not loopback), recycled_tabs (finished
+        episodes' pages scrubbed and kept for the next episode).
     """
 
     def __init__(self, executable_path: str, *, launch_timeout_s: float = 60.0,
@@ -182,7 +244,8 @@ class BrowserHost:
         self.marker = f"--agentax-browser={uuid.uuid4().hex}"  # finds our process in /proc
         self.generation = 0
         self.stats = {"launches": 0, "crashes": 0, "crashed_episodes": 0, "contexts": 0,
-                      "blocked_requests": 0}
+                      "blocked_requests": 0, "recycled_tabs": 0}
+        self._idle: dict[tuple, list[BrowserTab]] = {}
         self._pw: Any = None
         self._browser: Any = None
         self._lock: asyncio.Lock | None = None
@@ -246,6 +309,46 @@ class BrowserHost:
         self.stats["contexts"] += 1
         return context, gen
 
+    def take_tab(self, key: tuple) -> BrowserTab | None:
+        """An idle recycled tab made with context options `key`, or None."""
+        idle = self._idle.get(key)
+        while idle:
+            tab = idle.pop()
+            if self.is_current(tab.generation) and not tab.page.is_closed():
+                tab.episodes += 1
+                return tab
+        return None
+
+    async def recycle(self, tab: BrowserTab, timeout_s: float = 5.0) -> bool:
+        """Scrub `tab` (see the module doc) and keep it for `take_tab`. False (and the caller
+        closes it) when its browser died, it has served `MAX_TAB_EPISODES`, enough tabs are
+        idle, or the scrub failed."""
+        if (not self.is_current(tab.generation) or tab.page.is_closed() or tab.episodes >= MAX_TAB_EPISODES
+                or sum(map(len, self._idle.values())) >= MAX_IDLE_TABS):
+            return False
+        try:
+            await asyncio.wait_for(self._scrub(tab), timeout_s)
+        except Exception:  # noqa: BLE001 - any failure: the tab is closed instead
+            return False
+        self._idle.setdefault(tab.key, []).append(tab)
+        self.stats["recycled_tabs"] += 1
+        return True
+
+    async def _scrub(self, tab: BrowserTab) -> None:
+        for page in tab.context.pages:
+            if page is not tab.page:
+                await page.close()
+        await tab.page.goto("about:blank")
+        await tab.page.evaluate(_BLANK_NAME_JS)
+        await tab.context.clear_cookies()
+        await tab.context.clear_permissions()
+        if tab.cdp is None:
+            tab.cdp = await tab.context.new_cdp_session(tab.page)
+        origins, tab.origins = tab.origins, set()
+        for origin in sorted(origins):
+            await tab.cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
+        await tab.cdp.send("Page.resetNavigationHistory")
+
     def browser_pid(self) -> int | None:
         """Process id of the main Chromium process (None when not running)."""
         for entry in os.listdir("/proc"):
@@ -276,6 +379,7 @@ class BrowserHost:
                     pass
         finally:
             self._browser = self._pw = None
+            self._idle.clear()
             self._closing = False
 
 

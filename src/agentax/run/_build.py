@@ -26,9 +26,6 @@ from agentax.text import load_tokenizer
 __all__ = ["TaskSuite", "build_engine", "build_mesh", "build_model", "build_suite_for",
            "build_tokenizer", "load_run_model", "resolve_config"]
 
-_DTYPE_FIELDS = ("dtype", "param_dtype")
-
-
 def _arch(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, dtype="float32", param_dtype="float32")
 
