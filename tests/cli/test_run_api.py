@@ -76,3 +76,22 @@ def test_as_config_takes_a_config_a_mapping_a_recipe_a_file_or_a_run_dir(tmp_pat
         train({"run": {"name": "x", "runs_dir": str(tmp_path / "runs")},
                "env": {"kwargs": {"bogus": 1}}}, quiet=True)
     assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "x").exists()
+
+
+def test_a_converged_run_stops_early_evaluates_and_says_why(tmp_path, capsys):
+    """Every episode succeeds (a registered reward adds 1), so the latest 4 training episodes
+    succeed at 100% before the first step: RL ends at step 0 of 3, the evaluation after RL
+    still runs, and the run says why (console, summary.json, `RunResult.stopped_early`)."""
+    from agentax.rewards import register_reward
+
+    register_reward("always_right_for_stop_test", lambda task, response: 1.0, overwrite=True)
+    result = train(None, tmp_path / "stop", overrides=[
+        *TINY, "run.steps=3", "sft.steps=0", "env.reward=always_right_for_stop_test",
+        "pipeline.stop_success=0.5", "pipeline.stop_window=4", "tracing.doctor=false"])
+    stopped = result.stopped_early
+    assert stopped is not None and stopped["step"] == result.steps < 3
+    assert "the last 4 training episodes succeeded at 100.0% >= pipeline.stop_success=0.5" in \
+        stopped["reason"]
+    assert json.loads((result.run_dir / "summary.json").read_text())["stopped_early"] == stopped
+    assert result.eval_after and result.eval_after["eval/greedy/success"] == 1.0
+    assert f"rl: stopped after step {result.steps} of 3: the last 4" in capsys.readouterr().err

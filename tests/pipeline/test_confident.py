@@ -1,14 +1,16 @@
 """Tasks whose groups keep coming back all-equal rest, and the warning about them comes at most
-once a minute, naming the tasks; the books still balance (a rested admission starts nothing)."""
+once a minute, naming the tasks; the books still balance (a rested admission starts nothing).
+A policy that has converged ends RL early (`stop_success`)."""
 
 from __future__ import annotations
 
 import logging
 
 import numpy as np
+import pytest
 
 from agentax.pipeline import Pipeline, PipelineConfig
-from agentax.pipeline._confident import DropReport, TaskRest
+from agentax.pipeline._confident import DropReport, SuccessStop, TaskRest
 from agentax.records import Group, Task, Trajectory, TrajectoryStatus
 
 TASKS = [Task(id=f"t{i}", prompt=f"task {i}") for i in range(5)]
@@ -119,3 +121,52 @@ def test_the_warning_says_what_rests():
     assert text.startswith("in the last 30 s, 3 of 3 groups (100%, 12 episodes)")
     assert "t0 (3, reward 0/0.5)" in text and "resting 1 task(s) (t0), 7 admissions skipped" in text
     assert text.endswith("; KNOBS") and not report.due()  # a new window, and rate-limited
+
+
+def test_success_stop_needs_a_full_window_at_the_rate():
+    stop = SuccessStop(rate=0.75, window=8)
+    stop.observe([1.0, 1.0, 1.0, 1.0])
+    assert not stop.reached()  # half a window
+    stop.observe([1.0, 0.0, 1.0, 0.0])
+    assert stop.success == 0.75 and stop.reached()
+    stop.observe([0.0, 0.0])  # the window slides: 4 of the latest 8
+    assert stop.success == 4 / 8 and not stop.reached()
+    never = SuccessStop(rate=0.0, window=1)
+    never.observe([1.0])
+    assert not never.reached()
+
+
+def test_a_converged_policy_ends_rl_early_and_the_books_balance(make_parts, tasks):
+    """Rewards differ while the policy is at version 0 (a step can train), then every episode
+    succeeds: with stop_success the run ends once 16 episodes in a row succeeded, long before its
+    20 steps (without it, all-equal groups would be dropped until max_dropped_episodes)."""
+    import random as _random
+
+    from agentax.envs import TaskEnvironment
+
+    rng = _random.Random(0)
+    box = {}
+
+    def reward(task, response):
+        return 1.0 if box["pipeline"].version >= 1 else float(rng.random() < 0.5)
+
+    parts = make_parts(env_factory=lambda: TaskEnvironment(reward))
+    config = PipelineConfig(group_size=2, groups_per_step=1, max_concurrency=4,
+                            stop_success=0.9, stop_window=16)
+    pipeline = box["pipeline"] = Pipeline(parts.collector, parts.trainer, parts.engine, tasks,
+                                          config)
+    result = pipeline.run(20)
+    assert 1 <= len(result.steps) < 20
+    assert "the last 16 training episodes succeeded at" in pipeline.stopped_early
+    assert "pipeline.stop_success=0.9" in pipeline.stopped_early
+    result.accounting.check()
+    assert result.accounting.filtered["all_equal_rewards"] > 0
+
+
+def test_stop_success_is_checked_and_refused_with_several_processes():
+    with pytest.raises(ValueError, match="stop_success must be in"):
+        PipelineConfig(stop_success=1.5)
+    with pytest.raises(ValueError, match="stop_window"):
+        PipelineConfig(stop_window=0)
+    with pytest.raises(ValueError, match="one process"):
+        Pipeline(None, None, None, TASKS, PipelineConfig(stop_success=0.9), data_shard=(0, 2))

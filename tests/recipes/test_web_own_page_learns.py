@@ -5,36 +5,39 @@ local HTML page of three buttons whose labels come from the URL (which labels, a
 the instruction names, vary with the task's seed), a `UrlSite` that scores the first click,
 tasks, and a noisy warm start recorded with `agentax.demos.click_target` through the user's
 own `BrowserEnvironment` and `CompactWebAgent`; then `agentax train its.yaml` runs SFT and
-async GRPO with `pipeline.filters` at its default. The goal: held-out sampled success >= 0.9,
+async RL with `pipeline.filters` at its default. The goal: held-out sampled success >= 0.9,
 or >= 2x the warm start's, within 5 minutes on 2 cores.
 
 The config below: 200 demonstrations at 30% noise recorded in Chromium, SFT 500 steps (the
 imitator finds the named label's id between steps ~200 and ~300; fewer leave it confidently
-wrong on some pages, and GRPO then gets all-equal groups), GRPO at lr 2e-3 for 14 steps (4
-groups of 8), and a held-out evaluation that is sampled only, twice on each of 48 pages: the
-criterion is on sampled success, and 96 sampled episodes bound it tighter than the 48 greedy
-+ 48 sampled of before, at the same cost. Measured (seeds 0, 1 and 2, a shared 2-core
-host): held-out sampled success 82.3% -> 93.8% and 82.3% -> 94.8% (seed 0, twice), 77.1% ->
-92.7% (seed 1), 74.0% -> 96.9% (seed 2); 470-541 CPU-seconds a run (Python, Chromium and its
-driver together). On two idle cores (load ~2 at the start): 81.2% -> 100%, 328 s of wall time
-(recording 43 s, SFT 72 s, the evaluations 24 s, RL 187 s): 28 s over the goal, hence
-`manual` still.
+wrong on some pages, and RL then gets all-equal groups), then Dr. GRPO at lr 2e-3 (4 groups
+of 8 a step) for at most 20 steps, ended early once the latest 256 training episodes
+succeeded at 95% (`pipeline.stop_success`), and a held-out evaluation that is sampled only,
+twice on each of 48 pages. docs/environments.md has the measured runs.
 
-Where the time goes: browser episodes. An RL step keeps only groups whose rewards differ, and
-from ~0.9 success most groups of 8 are all right, so a step starts 90-270 episodes (1,648
-over the 14 steps of the seed-0 run: 316 of its 483 CPU-seconds; SFT 96, the 200 recordings
-30, the two evaluations 36). More RL steps did not help: with 20 (the earlier config),
-training success swung between 0.74 and 0.97 and one seed-0 run ended at 89.6%, below the
-bound.
+Why the early stop: near 0.98 training success most groups of 8 are all right and dropped, so
+a late step starts 200-600 episodes to find four that differ; that is where a fixed step count
+spent its time. Why Dr. GRPO (no division by the group's reward std; a group of 7 right and 1
+wrong gives plain GRPO's wrong sample a -2.5 advantage): with plain GRPO at this learning rate,
+of three runs one collapsed at step 13 and ended at 44.8%, and another fell to 19% training
+success mid-run before recovering.
+
+Measured (held-out sampled success; docs/environments.md has each run): six runs, seeds 0-3,
+all >= 0.9 (92.7-97.9%). Five stopped early, after steps 6-12; those timed on two idle cores
+took 189-223 s. One seed-0 run never had a window at 95% (its training success fell to 8% at
+step 13 and recovered), ran all 20 steps and took 384 s. Hence `manual` still: most runs meet
+the time, not all, and under CI another test shares the two cores.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentax.cli import main
 from agentax.envs import BrowserUnavailableError, check_browser_available
@@ -56,7 +59,7 @@ def _module_from_the_docs() -> str:
 
 CONFIG = """
 run:
-  steps: 14
+  steps: 20
 env:
   factory: my_buttons:make_env
 agent:
@@ -89,7 +92,7 @@ engine:
   min_prefill_bucket: 32
   decode_steps_per_call: 8
 trainer:
-  advantage: grpo
+  advantage: dr_grpo
   learning_rate: 0.002
   micro_batch_size: 32
   max_seq_len: 256
@@ -103,6 +106,7 @@ pipeline:
   group_size: 8
   groups_per_step: 4
   max_concurrency: 16
+  stop_success: 0.95
 eval:
   greedy: false
   samples: 2
@@ -113,11 +117,9 @@ tracing:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(450)  # above its own 300 s assertion: a slow host fails with the time
-@pytest.mark.manual  # 328 s on two idle cores, over the 300 s goal (see the docstring)
+@pytest.mark.timeout(600)  # above its own 300 s assertion: a slow run fails with the time
+@pytest.mark.manual  # most runs take 190-225 s on two idle cores; one of six took 384 s
 def test_a_users_own_three_button_page_learns(tmp_path, monkeypatch, capsys):
-    import time
-
     (tmp_path / "my_buttons.py").write_text(_module_from_the_docs())
     (tmp_path / "its.yaml").write_text(CONFIG)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -127,8 +129,6 @@ def test_a_users_own_three_button_page_learns(tmp_path, monkeypatch, capsys):
     wall = time.monotonic() - start
     assert status == 0, capsys.readouterr().err[-3000:]
     run = tmp_path / "buttons"
-    import yaml
-
     assert yaml.safe_load((run / "config.yaml").read_text())["pipeline"]["filters"] == [
         "all_equal_rewards"]  # the default
     summary = json.loads((run / "summary.json").read_text())

@@ -13,6 +13,10 @@ skipped admission starts no episode (nothing is dropped); the pipeline counts it
 (a minute), only while at least `min_share` of the groups finished since the last one were
 all-equal, naming the tasks (with the reward their samples shared), the share, what is
 resting, and the knobs.
+
+`SuccessStop` ends RL once the policy has converged: when the latest `window` finished
+training episodes succeeded (reward > 0) at `rate` or more, the steps still to come would
+mostly sample all-equal groups that the filter drops (`PipelineConfig.stop_success`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-__all__ = ["DropReport", "TaskRest"]
+__all__ = ["DropReport", "SuccessStop", "TaskRest"]
 
 ALL_EQUAL = "all_equal_rewards"
 
@@ -130,3 +134,31 @@ class DropReport:
         self._equal.clear()
         self._rewards.clear()
         return f"{text}; {knobs}"
+
+
+class SuccessStop:
+    """Whether the latest `window` finished training episodes succeeded at `rate` or more.
+
+    Args:
+      rate: the success rate (reward > 0) that ends RL; 0 never does.
+      window: how many of the latest finished episodes it is measured over (all of a finished
+        group's episodes, whatever becomes of the group; a failed episode is a failure).
+    """
+
+    def __init__(self, rate: float, window: int) -> None:
+        self.rate, self.window = rate, window
+        self._latest: collections.deque[bool] = collections.deque(maxlen=window)
+
+    def observe(self, rewards) -> None:
+        """The rewards of one finished group's episodes (a failed episode: reward <= 0)."""
+        self._latest.extend(float(r) > 0 for r in rewards)
+
+    @property
+    def success(self) -> float:
+        """The success rate over the latest (up to `window`) episodes."""
+        return sum(self._latest) / len(self._latest) if self._latest else 0.0
+
+    def reached(self) -> bool:
+        """A full window whose success rate is at least `rate` (never when `rate` is 0)."""
+        return (self.rate > 0 and len(self._latest) == self.window
+                and self.success >= self.rate)

@@ -61,6 +61,15 @@ class PipelineConfig:
     counted by task (accounting 'rested'). 0 never rests a task."""
     rest_confident_max: int = 32
     """The most admissions of one resting task skipped in a row."""
+    stop_success: float = 0.0
+    """RL ends before its last step once the latest `stop_window` finished training episodes
+    succeeded (reward > 0) at this rate or more, e.g. 0.95: the policy has converged on its
+    training tasks and later groups would mostly come back all-equal and be dropped. The
+    episodes of every finished group count (a dropped group's too; a failed episode is a
+    failure); the step in flight finishes, groups still running are cancelled. 0 never stops
+    early. One process only (each process would decide on its own episodes)."""
+    stop_window: int = 256
+    """Finished training episodes `stop_success` is measured over."""
     loop_block_limit_s: float = 10.0
     """The run stops when the event loop was blocked this long (e.g. `time.sleep` inside an
     async environment step); 0 disables the watchdog."""
@@ -106,6 +115,11 @@ class PipelineConfig:
         if self.rest_confident_max < 1:
             raise ValueError(f"pipeline.rest_confident_max must be >= 1, got "
                              f"{self.rest_confident_max}")
+        if not 0.0 <= self.stop_success <= 1.0:
+            raise ValueError(f"pipeline.stop_success must be in [0, 1] (0 never stops early), "
+                             f"got {self.stop_success}")
+        if self.stop_window < 1:
+            raise ValueError(f"pipeline.stop_window must be >= 1 episodes, got {self.stop_window}")
         if not self.stall_timeout_s > 0 or self.stall_timeout_s == float("inf"):
             raise ValueError(f"pipeline.stall_timeout_s must be a positive number of seconds, "
                              f"got {self.stall_timeout_s}")

@@ -46,7 +46,7 @@ from agentax.contracts import EngineClient
 from agentax.pipeline._accounting import Accounting
 from agentax.pipeline._breaker import FailureBreaker, LoopWatchdog, RunFailed, describe_stuck
 from agentax.pipeline._config import PipelineConfig
-from agentax.pipeline._confident import DropReport, TaskRest
+from agentax.pipeline._confident import DropReport, SuccessStop, TaskRest
 from agentax.pipeline._placement import publish_into
 from agentax.pipeline._screen import GroupScreening
 from agentax.pipeline._staleness import StalenessGate, StragglerLimit
@@ -126,6 +126,10 @@ class Pipeline(GroupScreening):
         if not (data_shard[1] >= 1 and 0 <= data_shard[0] < data_shard[1]):
             raise ValueError(f"data_shard={data_shard} must be (index, count) with 0 <= index < count")
         self.data_shard = (int(data_shard[0]), int(data_shard[1]))
+        if config.stop_success and self.data_shard[1] > 1:
+            raise ValueError(f"pipeline.stop_success={config.stop_success:g} needs a run of one "
+                             f"process (this one has {self.data_shard[1]}: each would stop on "
+                             "its own episodes); set pipeline.stop_success=0")
         self.collector = collector
         self.trainer = trainer
         self.engine = engine
@@ -153,6 +157,12 @@ class Pipeline(GroupScreening):
         """Called from a watchdog thread when the event loop stays blocked after the loop
         watchdog stopped the run (the loop may never run again): e.g. exit the process."""
         self._failure: asyncio.Future | None = None
+        self._stop: asyncio.Future | None = None  # set with the reason when RL ends early
+        self._success = SuccessStop(config.stop_success, config.stop_window)
+        self._records: list[StepRecord] = []  # this `arun`'s steps, as each one finishes
+        self.stopped_early = ""
+        """Why the last `arun` ended before its `num_steps` (`PipelineConfig.stop_success`);
+        empty when it ran them all."""
         self._abandoned: set[asyncio.Task] = set()  # had their cancellation grace (`arun`)
         self._waiting_since: float | None = None  # the trainer waits for groups since then
 
@@ -179,6 +189,11 @@ class Pipeline(GroupScreening):
             self.accounting.rested[task.id] += 1
         self._admitted[index] = task
         return index
+
+    def _stop_early(self, reason: str) -> None:
+        """Ends the run without an error (the step in flight finishes; the first reason wins)."""
+        if self._stop is not None and not self._stop.done():
+            self._stop.set_result(reason)
 
     def _fail(self, error: RunFailed) -> None:
         """Stops the run with `error` (the first reason wins)."""
@@ -290,6 +305,7 @@ class Pipeline(GroupScreening):
             staleness=staleness, trainer_wait_s=wait_s, train_s=train_s,
             wall_s=time.perf_counter() - t_start, metrics=metrics,
         )
+        self._records.append(record)
         if self.on_trained is not None:
             self.on_trained(record, role_groups)
         if self.on_step is not None:
@@ -318,9 +334,12 @@ class Pipeline(GroupScreening):
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         t_start = time.perf_counter()
         loop = asyncio.get_running_loop()
-        self._failure = loop.create_future()
-        self._waiting_since = t_start
         cfg = self.config
+        self._failure = loop.create_future()
+        self._stop = loop.create_future()
+        self._success = SuccessStop(cfg.stop_success, cfg.stop_window)
+        self._records, self.stopped_early = [], ""
+        self._waiting_since = t_start
         run = self._run_sync if cfg.mode == "sync" else self._run_async
         body = asyncio.create_task(run(num_steps, t_start))
         stall = asyncio.create_task(self._watch_stall())
@@ -329,10 +348,11 @@ class Pipeline(GroupScreening):
         if watchdog is not None:
             watchdog.start()
         try:
-            await asyncio.wait({body, self._failure}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({body, self._failure, self._stop},
+                               return_when=asyncio.FIRST_COMPLETED)
             if not body.done():
                 body.cancel()
-            steps = await _result_or_failure(body, self._failure)
+            await _result_or_failure(body, self._failure, self._stop)
         finally:
             if watchdog is not None:
                 watchdog.stop()
@@ -347,11 +367,15 @@ class Pipeline(GroupScreening):
                 self._failure.exception()  # retrieved (raised above, or the run had finished)
             else:
                 self._failure.cancel()
+            if self._stop.done() and len(self._records) < num_steps:
+                self.stopped_early = self._stop.result()
+            self._stop.cancel()
             self._settle_in_flight()
             self._waiting_since = None
             self._executor.shutdown(wait=True)
         self.accounting.check()
         wall = time.perf_counter() - t_start
+        steps = self._records  # (a step a stop interrupted finished in `_finish_training`)
         return PipelineResult(
             steps=tuple(steps), accounting=self.accounting, wall_s=wall,
             trainer_busy_s=sum(s.train_s for s in steps),

@@ -3,7 +3,8 @@ filters judge each (task, role) part, and what is dropped is counted, traced and
 
 A mixin of `Pipeline` (pipeline/_pipeline.py), which owns the state it reads: `config`,
 `accounting`, `tracer`, `_rest` (resting confident tasks), `_drops` (the rate-limited
-warning), the drop streaks, `_waiting_since` and `_fail`.
+warning), `_success` and `_stop_early` (`stop_success`), the drop streaks, `_waiting_since`
+and `_fail`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class GroupScreening:
                 self._filtered_streak += sum(self.accounting.filtered.values()) - filtered_before
         if not failed:  # (failing episodes are the breaker's to report)
             self._observe_screened(group, kept)
+        self._success.observe(t.reward if t.status in _TRAINABLE else 0.0
+                              for t in group.trajectories)
+        if self._success.reached():
+            cfg = self.config
+            self._stop_early(
+                f"the last {cfg.stop_window} training episodes succeeded at "
+                f"{100 * self._success.success:.1f}% >= pipeline.stop_success="
+                f"{cfg.stop_success:g}")
         limit = self.config.max_dropped_episodes
         if limit and self._filtered_streak >= limit:
             self._filtered_streak = 0

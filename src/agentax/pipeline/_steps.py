@@ -85,14 +85,17 @@ class PipelineResult:
         return self.trajectories_trained / self.wall_s if self.wall_s > 0 else 0.0
 
 
-async def _result_or_failure(body: asyncio.Task, failure: asyncio.Future) -> list[StepRecord]:
-    """The run's steps; raises the breaker's `RunFailed` if it stopped the run first."""
+async def _result_or_failure(body: asyncio.Task, failure: asyncio.Future,
+                             stop: asyncio.Future) -> None:
+    """Waits for the run's body; raises the breaker's `RunFailed` if it stopped the run first
+    (a body cancelled by an early stop, `stop`, ends normally)."""
     try:
-        return await body
+        await body
     except asyncio.CancelledError:
         if failure.done():
             raise failure.exception() from None
-        raise
+        if not stop.done():
+            raise
 
 
 async def _next_group(ready: asyncio.Queue, producer: asyncio.Task,

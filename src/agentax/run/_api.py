@@ -38,6 +38,8 @@ class RunResult:
     """The evaluation after training (`train`, `sft`), or the evaluation (`evaluate`)."""
     sft: Mapping[str, Any] | None = None
     """The warm start's last `sft/loss` and `sft/accuracy`, when it ran."""
+    stopped_early: Mapping[str, Any] | None = None
+    """`{"step", "reason"}` when RL ended before `run.steps` (`pipeline.stop_success`)."""
     summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -78,7 +80,8 @@ def _result(run_dir: Path, summary: Mapping[str, Any], *, eval_key: str = "eval_
     rl = phase_rows(run_dir).get("rl") or [{}]
     return RunResult(run_dir=run_dir, steps=int(summary.get("rl_steps", 0)), metrics=rl[-1],
                      eval_before=summary.get("eval_before"), eval_after=summary.get(eval_key),
-                     sft=summary.get("sft"), summary=summary)
+                     sft=summary.get("sft"), stopped_early=summary.get("stopped_early"),
+                     summary=summary)
 
 
 def _fresh_run_dir(cfg: RunConfig, command: str) -> Path:

@@ -176,6 +176,9 @@ class RLPhase:
         # (groups dropped for all-equal rewards: the pipeline's own warning, once a minute)
         result = await self.pipeline.arun(max(self.cfg.run.steps - self.start_step, 0))
         timings["rl_s"] = time.perf_counter() - t
+        if self.pipeline.stopped_early:
+            self.out["stopped_early"] = {"step": self.pipeline.version,
+                                         "reason": self.pipeline.stopped_early}
         # Engines take weights in the background (Ray replicas over the object store): the
         # evaluation after RL waits for the last version to reach them.
         if not await asyncio.to_thread(self.engine.wait_published,
@@ -185,9 +188,12 @@ class RLPhase:
                           "evaluation after RL may sample older ones")
         self.checkpoint()  # before the final evaluation, which a kill may interrupt
         self._close_view()
+        if self.pipeline.stopped_early:
+            self.rep.say(f"rl: stopped after step {self.pipeline.version} of "
+                         f"{self.cfg.run.steps}: {self.pipeline.stopped_early}")
         await asyncio.gather(*self.evals)
         t = time.perf_counter()
-        self.out["eval_after"] = await self._evaluate_report(self.cfg.run.steps, "after")
+        self.out["eval_after"] = await self._evaluate_report(self.pipeline.version, "after")
         timings["eval_after_s"] = time.perf_counter() - t
         return result
 
