@@ -136,7 +136,8 @@ def test_success_stop_needs_a_full_window_at_the_rate():
     assert not never.reached()
 
 
-def test_a_converged_policy_ends_rl_early_and_the_books_balance(make_parts, tasks):
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_converged_policy_ends_rl_early_and_the_books_balance(make_parts, tasks, mode):
     """Rewards differ while the policy is at version 0 (a step can train), then every episode
     succeeds: with stop_success the run ends once 16 episodes in a row succeeded, long before its
     20 steps (without it, all-equal groups would be dropped until max_dropped_episodes)."""
@@ -151,7 +152,7 @@ def test_a_converged_policy_ends_rl_early_and_the_books_balance(make_parts, task
         return 1.0 if box["pipeline"].version >= 1 else float(rng.random() < 0.5)
 
     parts = make_parts(env_factory=lambda: TaskEnvironment(reward))
-    config = PipelineConfig(group_size=2, groups_per_step=1, max_concurrency=4,
+    config = PipelineConfig(group_size=2, groups_per_step=1, max_concurrency=4, mode=mode,
                             stop_success=0.9, stop_window=16)
     pipeline = box["pipeline"] = Pipeline(parts.collector, parts.trainer, parts.engine, tasks,
                                           config)

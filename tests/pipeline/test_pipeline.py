@@ -121,6 +121,7 @@ def test_all_equal_filter_drops_counts_and_warns(make_parts, tasks, caplog):
     assert "groups (100%," in warnings[0] and "t0 (" in warnings[0] and "reward 1)" in warnings[0]
     assert "pipeline.rest_confident_after=3" in warnings[0]
     assert "pipeline.filters=[]" in warnings[0]
+    assert "pipeline.stop_success=0.95 stops once the latest 256 training episodes" in warnings[0]
     # Each task came back all-equal 3 times in a row and rests: admissions skipped, counted.
     assert acc.rested and set(acc.rested) <= {t.id for t in tasks}
     assert acc.summary()["rested"] == dict(acc.rested)

@@ -42,7 +42,11 @@ class GroupScreening:
                     f"pipeline.rest_confident_max={self.config.rest_confident_max} caps a rest); "
                     "one it fails every time needs a warm start (sft.steps, init.from_run) or "
                     "more varied samples (sampling.temperature, pipeline.group_size); "
-                    "pipeline.filters=[] trains on such groups anyway")))
+                    "pipeline.filters=[] trains on such groups anyway"
+                    + ("" if self.config.stop_success else
+                       "; a policy that solves most tasks can end RL early: "
+                       "pipeline.stop_success=0.95 stops once the latest "
+                       f"{self.config.stop_window} training episodes succeed at 95%"))))
 
     def _account_dropped(self, group: Group, reason: str) -> None:
         for traj in group.trajectories:
