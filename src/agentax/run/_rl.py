@@ -106,7 +106,9 @@ class RLPhase:
             "train_s": record.train_s, "trainer_wait_s": record.trainer_wait_s,
         }
         if m is not None:
-            metrics.update(loss=m.loss, entropy=m.entropy, kl=m.approx_kl,
+            # `kl`: to the reference policy (trainer.kl_coef); `approx_kl`: to the proximal
+            # one, 0 with trainer.ppo_epochs=1 (one update per batch), as TrainMetrics names them
+            metrics.update(loss=m.loss, entropy=m.entropy, kl=m.kl, approx_kl=m.approx_kl,
                            grad_norm=m.grad_norm, skipped=m.skipped)
         info.metrics.update(self.rep.log(record.step, metrics))
 
