@@ -375,7 +375,8 @@ class Pipeline(GroupScreening):
             self._executor.shutdown(wait=True)
         self.accounting.check()
         wall = time.perf_counter() - t_start
-        steps = self._records  # (a step a stop interrupted finished in `_finish_training`)
+        steps = self._records  # (each `_train` appends; a step a stop interrupted finished in
+        # `_finish_training`)
         return PipelineResult(
             steps=tuple(steps), accounting=self.accounting, wall_s=wall,
             trainer_busy_s=sum(s.train_s for s in steps),
@@ -406,10 +407,9 @@ class Pipeline(GroupScreening):
             ))
             return
 
-    async def _run_sync(self, num_steps: int, t_start: float) -> list[StepRecord]:
+    async def _run_sync(self, num_steps: int, t_start: float) -> None:
         cfg = self.config
         episodes = asyncio.Semaphore(cfg.max_concurrency)
-        steps = []
         for _ in range(num_steps):
             t_wait = time.perf_counter()
             kept: list[Group] = []
@@ -419,10 +419,9 @@ class Pipeline(GroupScreening):
                     indices = [self._admit() for _ in range(need)]
                     groups = await asyncio.gather(*(self._run_group(i, episodes) for i in indices))
                     kept.extend(s for s in map(self._screen, groups) if s is not None)
-            steps.append(await self._train_whole(kept, time.perf_counter() - t_wait, t_start))
-        return steps
+            await self._train_whole(kept, time.perf_counter() - t_wait, t_start)
 
-    async def _run_async(self, num_steps: int, t_start: float) -> list[StepRecord]:
+    async def _run_async(self, num_steps: int, t_start: float) -> None:
         cfg = self.config
         gate = StalenessGate(cfg.max_staleness, cfg.groups_per_step)
         base = self.version  # the gate counts versions from this run's start
@@ -465,9 +464,8 @@ class Pipeline(GroupScreening):
 
         producer = asyncio.create_task(produce())
         pool: list[tuple[int, Group]] = []  # complete groups the trainer has not taken yet
-        steps: list[StepRecord] = []
         try:
-            while len(steps) < num_steps:
+            while len(self._records) < num_steps:  # (each step appends its record)
                 batch: list[tuple[int, Group]] = []
                 t_wait = time.perf_counter()
                 with self.tracer.span(names.TRAINER_WAIT, track=names.TRAINER_TRACK):
@@ -493,7 +491,7 @@ class Pipeline(GroupScreening):
                         if item is not None:
                             pool.append(item)
                 wait_s = time.perf_counter() - t_wait
-                steps.append(await self._train_whole([g for _, g in batch], wait_s, t_start))
+                await self._train_whole([g for _, g in batch], wait_s, t_start)
                 await gate.step(d for d, _ in batch)
                 if self.version % cfg.publish_every == 0:
                     await gate.publish(self.version - base)
@@ -509,7 +507,6 @@ class Pipeline(GroupScreening):
                 pool.append(ready.get_nowait())
             for _, group in pool:
                 self._account_dropped(group, "unconsumed_at_end")
-        return steps
 
     async def _drop_straggler(self, gate: StalenessGate, running: dict[asyncio.Task, _Running],
                               stragglers: StragglerLimit, dropped: set[asyncio.Task],
