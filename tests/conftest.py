@@ -3,14 +3,20 @@
 import os
 
 
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
 def pytest_configure(config):
-    # The default suite's programs are tiny, so XLA's compiling dominates its time on CPU, and
-    # LLVM at -O0 compiles faster. Not for a session that selects the `slow` tests: their learning
-    # runs execute long enough that -O0's slower code costs more than it saves. Set before JAX
-    # starts its backend, so that the subprocesses tests start inherit it too.
-    flags = os.environ.get("XLA_FLAGS", "")
-    if not _selects_slow_tests(config) and "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
+    # The default suite's programs are tiny, so XLA's compiling dominates its time on CPU: LLVM
+    # at -O0, and XLA:CPU's older loop emitters in place of its MLIR fusion emitters, compile
+    # faster. Not for a session that selects the `slow` tests: their learning runs execute long
+    # enough that the slower code costs more than it saves. Set before JAX starts its backend,
+    # so that the subprocesses tests start inherit them too.
+    if not _selects_slow_tests(config):
+        for flag in FAST_COMPILE_FLAGS:
+            flags = os.environ.get("XLA_FLAGS", "")
+            if flag.split("=")[0] not in flags:
+                os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
     # Some tests leave a sync call hung on a stage thread on purpose (tests/faults); at exit the
     # test process waits for such calls at most this long, not the 5 s a real run gives one.
     import agentax._executors
