@@ -3,20 +3,16 @@
 import os
 
 
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-
-
 def pytest_configure(config):
-    # The default suite's programs are tiny, so XLA's compiling dominates its time on CPU: LLVM
-    # at -O0, and XLA:CPU's older loop emitters in place of its MLIR fusion emitters, compile
-    # faster. Not for a session that selects the `slow` tests: their learning runs execute long
-    # enough that the slower code costs more than it saves. Set before JAX starts its backend,
-    # so that the subprocesses tests start inherit them too.
+    # The default suite's programs are tiny, so XLA's compiling dominates its time on CPU: they
+    # compile with tests/compile_flags.py's flags (faster to compile, slower to run). Not in a
+    # session that selects the `slow` tests: their learning runs execute long enough that the
+    # slower code costs more than it saves. Set before JAX starts its backend, so that the
+    # subprocesses tests start inherit them too.
     if not _selects_slow_tests(config):
-        for flag in FAST_COMPILE_FLAGS:
-            flags = os.environ.get("XLA_FLAGS", "")
-            if flag.split("=")[0] not in flags:
-                os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+        from tests.compile_flags import fast_compile_xla_flags
+
+        os.environ["XLA_FLAGS"] = fast_compile_xla_flags(os.environ.get("XLA_FLAGS", ""))
     # Some tests leave a sync call hung on a stage thread on purpose (tests/faults); at exit the
     # test process waits for such calls at most this long, not the 5 s a real run gives one.
     import agentax._executors

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_flags import fast_compile_xla_flags
+
 pytestmark = pytest.mark.slow  # two demo runs of 2 processes each: ~4 min on 2 cores
 
 STEPS = 8
@@ -37,7 +39,7 @@ def _free_port() -> int:
 
 
 def _launch(args: list[str], cwd: Path) -> list[subprocess.Popen]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=2"))
     script = Path(sys.executable).with_name("agentax")
     command = ([str(script)] if script.exists() else
                [sys.executable, "-c", "import sys; from agentax.cli import main; "

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.compile_flags import fast_compile_xla_flags
+
 pytestmark = pytest.mark.slow  # four launches of fresh JAX processes: ~3 min on two cores
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
@@ -35,7 +37,8 @@ def _free_port() -> int:
 def _launch(mode: str, out: Path, checkpoint: Path, processes: int) -> list[dict]:
     """Runs the worker as `processes` processes; returns each one's results."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+               XLA_FLAGS=fast_compile_xla_flags(
+                   f"--xla_force_host_platform_device_count={8 // processes}"))
     base = [sys.executable, str(WORKER), mode, str(out), "--checkpoint", str(checkpoint)]
     if processes == 1:
         commands = [base]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_flags import fast_compile_xla_flags
+
 pytestmark = pytest.mark.slow  # two fresh processes through the whole demo: ~3-4 min on 2 cores
 
 # tests/cli/test_commands.py's miniature of the demo: every stage runs, nothing has to learn.
@@ -35,7 +37,7 @@ def _free_port() -> int:
 def test_agentax_train_as_two_local_processes(tmp_path):
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+               XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=2"))
     script = Path(sys.executable).with_name("agentax")  # the installed `agentax` command
     command = ([str(script)] if script.exists() else
                [sys.executable, "-c", "import sys; from agentax.cli import main; "
