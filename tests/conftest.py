@@ -4,18 +4,33 @@ import os
 
 
 def pytest_configure(config):
-    # Most tests' programs are tiny, so XLA's compiling dominates their time on CPU: they compile
-    # with tests/compile_flags.py's flags (faster to compile, slower to run), learning runs
-    # excepted (`train_as_a_user`). Set before JAX starts its backend, so that the subprocesses
-    # tests start inherit them too.
-    from tests.compile_flags import fast_compile_xla_flags
+    # The default suite's programs are tiny, so XLA's compiling dominates its time on CPU: they
+    # compile with tests/compile_flags.py's flags (faster to compile, slower to run). Not in a
+    # session that selects the `slow` tests: their learning runs execute long enough that the
+    # slower code costs more than it saves. Set before JAX starts its backend, so that the
+    # subprocesses tests start inherit them too.
+    if not _selects_slow_tests(config):
+        from tests.compile_flags import fast_compile_xla_flags
 
-    os.environ["XLA_FLAGS"] = fast_compile_xla_flags(os.environ.get("XLA_FLAGS", ""))
+        os.environ["XLA_FLAGS"] = fast_compile_xla_flags(os.environ.get("XLA_FLAGS", ""))
     # Some tests leave a sync call hung on a stage thread on purpose (tests/faults); at exit the
     # test process waits for such calls at most this long, not the 5 s a real run gives one.
     import agentax._executors
 
     agentax._executors.EXIT_WAIT_S = 0.5
+
+
+def _selects_slow_tests(config) -> bool:
+    """Whether the session's `-m` expression selects a test marked `slow` (and nothing else)."""
+    markexpr = config.getoption("markexpr")
+    if not markexpr:
+        return True
+    try:  # pytest's own evaluation of `-m` (a private module: if it moves, -O0 is left off)
+        from _pytest.mark.expression import Expression
+
+        return bool(Expression.compile(markexpr).evaluate(lambda name, **_: name == "slow"))
+    except Exception:  # noqa: BLE001
+        return True
 
 
 # The slow stage's longest modules, longest first (by a cold run's durations). On pytest-xdist

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_flags import fast_compile_xla_flags
+
 EXAMPLES = Path(__file__).parents[2] / "examples"
 # Examples with a test of their own (a Ray cluster's flags and output): not run here.
 OWN_TEST = {"ray_cluster.py": "tests/scale/test_ray_cluster_example.py"}
@@ -34,7 +36,9 @@ def test_the_expected_examples_exist():
 
 
 def _run(script: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # A reduced run is mostly compiling: it compiles with the fast-compile flags.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore",
+           "XLA_FLAGS": fast_compile_xla_flags(os.environ.get("XLA_FLAGS", ""))}
     if env.get("PYTHONPATH"):  # the run's folder is not this one: relative entries resolved
         env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve())
                                             for p in env["PYTHONPATH"].split(os.pathsep) if p)

@@ -22,7 +22,6 @@ from agentax.recipes import recipe_path, render_examples  # noqa: E402
 from agentax.records import TrajectoryStatus  # noqa: E402
 from agentax.text import ByteTokenizer, format_tool_call  # noqa: E402
 from tests.recipes.scripted import recipe_suite, scripted_episode  # noqa: E402
-from tests.compile_flags import train_as_a_user  # noqa: E402
 
 RECIPE = "agents_sdk_calculator"
 
@@ -127,7 +126,12 @@ def test_recipe_learns_through_the_sdk(tmp_path):
     """The full recipe (about 3-4 minutes on two cores; docs/recipes.md has the runs), as a
     user runs it: in a process of its own (in pytest's process, something in the SDK's run
     closed pytest's captured stderr, which then crashed the session at teardown)."""
-    out = train_as_a_user([RECIPE, f"run.runs_dir={tmp_path}", "run.name=sdk", "-q"], timeout=900)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "agentax", "train", RECIPE,
+                          f"run.runs_dir={tmp_path}", "run.name=sdk", "-q"],
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "sdk" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]

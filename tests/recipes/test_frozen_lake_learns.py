@@ -18,14 +18,14 @@ import json
 
 import pytest
 
-from tests.compile_flags import train_as_a_user
+from agentax.cli import main
 
 
 @pytest.mark.slow
-def test_frozen_lake_recipe_learns_held_out_maps(tmp_path):
-    out = train_as_a_user(["frozen_lake", f"run.runs_dir={tmp_path}", "run.name=fl",
-                           "tracing.console=false"])
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_frozen_lake_recipe_learns_held_out_maps(tmp_path, capsys):
+    status = main(["train", "frozen_lake", f"run.runs_dir={tmp_path}", "run.name=fl",
+                   "tracing.console=false"])
+    assert status == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "fl" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     for mode in ("greedy", "sampled"):

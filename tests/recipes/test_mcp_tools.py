@@ -23,7 +23,6 @@ from agentax.recipes._render import render_examples  # noqa: E402
 from agentax.records import Action, ToolCall  # noqa: E402
 from agentax.text import ByteTokenizer  # noqa: E402
 from agentax.trace import TRACE_FILENAME, names, read_trace  # noqa: E402
-from tests.compile_flags import train_as_a_user  # noqa: E402
 
 
 def _suite(*overrides):
@@ -124,11 +123,11 @@ def test_miniature_train_runs_every_stage_with_the_server(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_recipe_learns_to_call_the_mcp_tool(tmp_path):
+def test_recipe_learns_to_call_the_mcp_tool(tmp_path, capsys):
     """The full recipe (about a minute on two idle cores; docs/recipes.md has the runs)."""
-    out = train_as_a_user(["mcp_tools", f"run.runs_dir={tmp_path}", "run.name=mcp",
-                           "tracing.console=false"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    status = main(["train", "mcp_tools", f"run.runs_dir={tmp_path}", "run.name=mcp",
+                   "tracing.console=false"])
+    assert status == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "mcp" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     assert after["eval/sampled/success"] >= 0.85, after

@@ -27,7 +27,6 @@ from agentax.records import TrajectoryStatus  # noqa: E402
 from agentax.text import ByteTokenizer  # noqa: E402
 from agentax.tools import Sandbox, check_sandbox_available  # noqa: E402
 from tests.recipes.scripted import recipe_suite, scripted_episode  # noqa: E402
-from tests.compile_flags import train_as_a_user  # noqa: E402
 
 RECIPE = "mini_swe"
 
@@ -155,7 +154,12 @@ def test_recipe_lengths_fit_its_longest_demonstration():
 def test_recipe_learns_through_mini_swe_agent(tmp_path):
     """The full recipe as a user runs it (~440 CPU-seconds: ~4 minutes on two idle cores), in a
     process of its own (mini-swe-agent and LiteLLM set process-wide state at import)."""
-    out = train_as_a_user([RECIPE, f"run.runs_dir={tmp_path}", "run.name=mini", "-q"])
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "agentax", "train", RECIPE,
+                          f"run.runs_dir={tmp_path}", "run.name=mini", "-q"],
+                         capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "mini" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from tests.compile_flags import train_as_a_user
+from agentax.cli import main
 
 
 @pytest.mark.slow
-def test_selfplay_recipe_beats_the_baseline_more_often(tmp_path):
-    out = train_as_a_user(["selfplay", f"run.runs_dir={tmp_path}", "run.name=sp",
-                           "tracing.console=false"])
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_selfplay_recipe_beats_the_baseline_more_often(tmp_path, capsys):
+    status = main(["train", "selfplay", f"run.runs_dir={tmp_path}", "run.name=sp",
+                   "tracing.console=false"])
+    assert status == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "sp" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     for mode in ("greedy", "sampled"):

@@ -10,14 +10,14 @@ import json
 
 import pytest
 
-from tests.compile_flags import train_as_a_user
+from agentax.cli import main
 
 
 @pytest.mark.slow
-def test_solver_verifier_recipe_solves_more_held_out_questions(tmp_path):
-    out = train_as_a_user(["solver_verifier", f"run.runs_dir={tmp_path}", "run.name=sv",
-                           "tracing.console=false"])
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_solver_verifier_recipe_solves_more_held_out_questions(tmp_path, capsys):
+    status = main(["train", "solver_verifier", f"run.runs_dir={tmp_path}", "run.name=sv",
+                   "tracing.console=false"])
+    assert status == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "sv" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     assert after["eval/sampled/episodes"] >= 64

@@ -18,8 +18,8 @@ import json
 
 import pytest
 
+from agentax.cli import main
 from agentax.envs import BrowserUnavailableError, check_browser_available
-from tests.compile_flags import train_as_a_user
 
 try:
     check_browser_available()
@@ -31,10 +31,10 @@ except BrowserUnavailableError as e:  # pragma: no cover - depends on the host
 
 
 @pytest.mark.slow
-def test_web_recipe_learns_held_out_instances(tmp_path):
-    out = train_as_a_user(["web", f"run.runs_dir={tmp_path}", "run.name=web",
-                           "tracing.console=false"])
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_web_recipe_learns_held_out_instances(tmp_path, capsys):
+    status = main(["train", "web", f"run.runs_dir={tmp_path}", "run.name=web",
+                   "tracing.console=false"])
+    assert status == 0, capsys.readouterr().err[-3000:]
     summary = json.loads((tmp_path / "web" / "summary.json").read_text())
     before, after = summary["eval_before"], summary["eval_after"]
     for mode in ("greedy", "sampled"):

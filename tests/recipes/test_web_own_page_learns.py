@@ -39,8 +39,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentax.cli import main
 from agentax.envs import BrowserUnavailableError, check_browser_available
-from tests.compile_flags import train_as_a_user
 
 try:
     check_browser_available()
@@ -119,14 +119,15 @@ tracing:
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # above its own 300 s assertion: a slow run fails with the time
 @pytest.mark.manual  # most runs take 190-225 s on two idle cores; one of six took 384 s
-def test_a_users_own_three_button_page_learns(tmp_path):
+def test_a_users_own_three_button_page_learns(tmp_path, monkeypatch, capsys):
     (tmp_path / "my_buttons.py").write_text(_module_from_the_docs())
     (tmp_path / "its.yaml").write_text(CONFIG)
-    start = time.monotonic()  # from the start of the user's `agentax train its.yaml`
-    out = train_as_a_user(["its.yaml", f"run.runs_dir={tmp_path}", "run.name=buttons"],
-                          cwd=tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    start = time.monotonic()
+    status = main(["train", str(tmp_path / "its.yaml"), f"run.runs_dir={tmp_path}",
+                   "run.name=buttons"])
     wall = time.monotonic() - start
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert status == 0, capsys.readouterr().err[-3000:]
     run = tmp_path / "buttons"
     assert yaml.safe_load((run / "config.yaml").read_text())["pipeline"]["filters"] == [
         "all_equal_rewards"]  # the default

@@ -13,8 +13,6 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-
-from tests.compile_flags import fast_compile_xla_flags
 from flax import nnx
 
 from agentax.engine import EngineError, SequenceError
@@ -193,7 +191,7 @@ _DEVICES_CHECK = textwrap.dedent(
 
 
 def test_replicas_on_disjoint_devices():
-    env = dict(os.environ, XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=4"), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _DEVICES_CHECK], env=env, capture_output=True, text=True,
                           timeout=300)

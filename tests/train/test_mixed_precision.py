@@ -17,8 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from tests.compile_flags import fast_compile_xla_flags
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -236,9 +234,8 @@ def test_export_with_release_hands_over_the_weights_and_frees_the_rest():
 
 
 def _subprocess(script: str, *args: str, devices: int) -> dict:
-    flags = fast_compile_xla_flags(f"--xla_force_host_platform_device_count={devices}")
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
-               PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu", PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
     proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
