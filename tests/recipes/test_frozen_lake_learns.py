@@ -22,6 +22,7 @@ from agentax.cli import main
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~320 s alone on two idle cores, 400-600+ s beside another learning run
 def test_frozen_lake_recipe_learns_held_out_maps(tmp_path, capsys):
     status = main(["train", "frozen_lake", f"run.runs_dir={tmp_path}", "run.name=fl",
                    "tracing.console=false"])
