@@ -2,8 +2,8 @@
 
 On CPU, LLVM at -O0 and XLA:CPU's loop emitters in place of its MLIR fusion emitters compile
 faster and run slower: the default suite runs with them (tests/conftest.py), and so do the
-subprocesses of slow tests that compile much and execute little (they pass
-`with_fast_compile(env)`). Learning runs, which execute for minutes, run without them.
+subprocesses of slow tests that compile much and execute little (their XLA_FLAGS pass through
+`fast_compile_xla_flags`). Learning runs, which execute for minutes, run without them.
 """
 
 from __future__ import annotations

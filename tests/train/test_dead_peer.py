@@ -39,7 +39,8 @@ def _free_port() -> int:
 
 
 def _launch(args: list[str], cwd: Path) -> list[subprocess.Popen]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=2"))
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=2"))
     script = Path(sys.executable).with_name("agentax")
     command = ([str(script)] if script.exists() else
                [sys.executable, "-c", "import sys; from agentax.cli import main; "
