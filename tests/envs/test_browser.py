@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -289,6 +290,45 @@ def test_twenty_concurrent_contexts_do_not_share_cookies():
         server.shutdown()
     for i, view in enumerate(views):
         assert f"cookie: who=user{i}" in view, view
+
+
+class _SlowBody(BaseHTTPRequestHandler):
+    """`/` links to `/slow`, whose head arrives at once and whose body 0.8 s later."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        if self.path != "/slow":
+            self.wfile.write(b'<html><body><a href="/slow">Next</a></body></html>')
+            return
+        self.wfile.write(b"<html><head><title>Slow</title>" + b" " * 2048)
+        self.wfile.flush()
+        time.sleep(0.8)
+        self.wfile.write(b"</head><body><p>Price: $3</p></body></html>")
+
+
+def test_a_page_still_arriving_after_a_click_is_read_once_it_has_loaded():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowBody)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+
+    async def go():
+        env = BrowserEnvironment()
+        obs = await env.reset(Task(id="slow", meta={"url": url}))
+        r = await env.step(Action(text=f"click {ids(obs.content, 'Next')}"))
+        await env.close()
+        return r.observation
+
+    try:
+        obs = run(go())
+    finally:
+        server.shutdown()
+    assert obs.info["url"].endswith("/slow")
+    assert obs.info["title"] == "Slow" and "Price: $3" in obs.content, obs
 
 
 # A page that reports what an earlier episode could have left behind, then leaves some of each.

@@ -136,7 +136,9 @@ def _origin_prefix(url: str) -> str:
 
 
 # A document that starts leaving (link, form submit, location change) says so at once, while the
-# click that caused it is still being handled; `_settle` then waits for the next document.
+# click that caused it is still being handled; `_settle` then waits for the next document. A
+# next document that has committed but is still being parsed counts as leaving too: read then,
+# its view would be empty (no title, no body yet).
 _NAV_FLAG_JS = """
 if (window.navigation) navigation.addEventListener('navigate', (e) => {
   if (!e.destination.sameDocument) window.__agentaxLeaving = true;
@@ -144,7 +146,8 @@ if (window.navigation) navigation.addEventListener('navigate', (e) => {
 """
 
 
-_LEAVING_JS = "() => window.__agentaxLeaving === true"
+_LEAVING_EXPR = "(window.__agentaxLeaving === true || document.readyState === 'loading')"
+_LEAVING_JS = f"() => {_LEAVING_EXPR}"
 
 # `type` into a plain text field in one page call: what Playwright's `fill` does for it (the
 # element visible, enabled, editable and not inert; its text selected and focused, then the new
@@ -174,9 +177,9 @@ _COMBINED_JS = """
 (args) => {
   const observe = __OBSERVE__;
   const state = __STATE__;
-  return {leaving: window.__agentaxLeaving === true, view: observe(args), state: state ? state() : null};
+  return {leaving: __LEAVING__, view: observe(args), state: state ? state() : null};
 }
-"""
+""".replace("__LEAVING__", _LEAVING_EXPR)
 
 
 class _BrowserCrashed(Exception):
