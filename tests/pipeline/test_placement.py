@@ -9,10 +9,12 @@ import textwrap
 
 import pytest
 
+from tests.compile_flags import fast_compile_xla_flags
+
 SCRIPT = textwrap.dedent(
     """
     import os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
     import jax
     from flax import nnx
     from agentax.agents import ModelAgent
@@ -81,7 +83,7 @@ SCRIPT = textwrap.dedent(
 def test_placement_runs_pipeline_and_publishes_to_engine_devices(kind, tmp_path):
     script = tmp_path / "placement.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": fast_compile_xla_flags()}
     out = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True,
                          timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

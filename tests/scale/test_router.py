@@ -20,6 +20,7 @@ from agentax.records import SamplingParams, Task, TrajectoryStatus
 from agentax.scale import EngineRouter
 from agentax.scale.testing import SleepyEnv
 from scale_helpers import ENGINE_CONFIG, TOKENIZER, make_collector, make_engine, make_model, run_episodes
+from tests.compile_flags import fast_compile_xla_flags
 
 PROMPTS = [TOKENIZER.encode(f"conversation {i}:") for i in range(4)]
 FOLLOW_UP = TOKENIZER.encode(" and then?")
@@ -191,7 +192,8 @@ _DEVICES_CHECK = textwrap.dedent(
 
 
 def test_replicas_on_disjoint_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=4"),
+               JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _DEVICES_CHECK], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -27,6 +27,7 @@ from agentax.train import LoRAConfig, RLTrainer, SFTTrainer
 from agentax.train import _base
 from agentax.train._lora import apply_lora, merge_lora
 from tests.train.conftest import MICRO, base_config, make_groups, make_model
+from tests.compile_flags import fast_compile_xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = dataclasses.replace(MICRO, dtype="bfloat16", param_dtype="bfloat16")
@@ -234,8 +235,9 @@ def test_export_with_release_hands_over_the_weights_and_frees_the_rest():
 
 
 def _subprocess(script: str, *args: str, devices: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu", PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
+    flags = fast_compile_xla_flags(f"--xla_force_host_platform_device_count={devices}")
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
+               PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
     proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

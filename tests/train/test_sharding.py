@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from agentax.train import RLTrainer, make_mesh
 from tests.train.conftest import base_config, make_groups, make_model
+from tests.compile_flags import fast_compile_xla_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +58,7 @@ def test_same_losses_on_one_and_eight_devices():
     trainer = RLTrainer(make_model(0), base_config())
     one = [(s.loss, s.grad_norm, s.entropy)
            for s in map(trainer.step, [make_groups(seed=40 + i) for i in range(2)])]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, XLA_FLAGS=fast_compile_xla_flags("--xla_force_host_platform_device_count=8"),
                JAX_PLATFORMS="cpu", PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
