@@ -133,6 +133,19 @@ def _actor_weights(ray, replica) -> list[np.ndarray]:
         lambda self: [np.asarray(w) for w in self.engine._weights]), timeout=60)
 
 
+def _slow_swaps(self) -> None:
+    """Run in a replica's actor: its engine takes 1 s to swap in staged weights (a busy host)."""
+    runner = self.engine._runner
+    apply = runner.apply_staged
+
+    def slow(on_applied):
+        if runner._pending is not None:
+            time.sleep(1.0)
+        apply(on_applied)
+
+    runner.apply_staged = slow
+
+
 def _stall(replica) -> None:
     """Blocks the actor's event loop for an hour: it stops answering (a hung replica)."""
     replica.actor.__ray_call__.remote(lambda self: time.sleep(3600))
@@ -184,6 +197,9 @@ def test_parallel_and_delta_publication_give_every_replica_the_trainers_weights(
         leaves[big] = leaves[big].at[0].add(1.0)
         changed = jax.tree.unflatten(treedef, leaves)
         before = router.stats().weight_sync.bytes_put
+        # One replica's engine is slow to swap: a publication that reached it is one it has
+        # swapped in all the same.
+        ray.get(replicas[0].actor.__ray_call__.remote(_slow_swaps), timeout=60)
         router.update_weights(changed, 2)
         assert router.wait_published(120)
         stats = router.stats().weight_sync

@@ -187,6 +187,11 @@ class _EngineActor:
             leaves[leaf] = array
         # Placed, or object-store arrays a CPU device aliases: update_weights copies nothing.
         self.engine.update_weights(leaves, version)
+        # The engine swaps them in at its next step; the commit returns once it has. So a
+        # publication that reached this replica is one its engine decodes with, and the next
+        # delta reads its unchanged leaves from the engine's weights of this version.
+        if not await asyncio.to_thread(self.engine.wait_published, None):
+            raise RuntimeError(f"version {version}: the engine stopped before swapping it in")
         self._host, self._host_version = (host, version) if keep else (None, None)
         return version
 

@@ -459,7 +459,8 @@ class EngineRouter:
             raise run_failed("replicas_lost", self._lost_line(), knob="the replicas' logs")
 
     def wait_published(self, timeout_s: float | None = None) -> bool:
-        """Waits until background publications reached every live replica (False: timed out).
+        """Waits until every live replica's engine decodes with the background publications'
+        weights (False: timed out).
 
         Raises:
           RunFailed: a background publication lost every replica.

@@ -14,7 +14,8 @@ instead:
    outstanding (bounded object-store memory).
 3. **commits**: the call that brings a replica the last chunk of a version also hands the
    assembled weights to its engine in one `update_weights` (the engine swaps between two
-   decode steps), so a publication costs no extra round trip.
+   decode steps) and returns once the engine has swapped them in, so a publication costs no
+   extra round trip, and a committed version is the one each replica decodes with.
 
 With `delta=True` only the chunks whose bytes changed since the last publication travel
 (the replicas patch a copy of their previous host weights); a publication where every chunk
