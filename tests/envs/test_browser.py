@@ -250,18 +250,24 @@ def test_a_killed_browser_fails_only_its_episodes_and_restarts(page_task):
     run(go())
 
 
-class _CookiePage(BaseHTTPRequestHandler):
+class _HTMLPage(BaseHTTPRequestHandler):
+    """A local page server that logs nothing; `_start()` answers 200 with an HTML body to come."""
+
     def log_message(self, *args):
         return None
 
-    def do_GET(self):
-        body = b"""<html><body><p>cookie: <span id=c></span></p><input type=text>
-          <button onclick="document.cookie = 'who=' + document.querySelector('input').value;">Save</button>
-          <script>document.getElementById('c').textContent = document.cookie || 'none';</script></body></html>"""
+    def _start(self):
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
         self.end_headers()
-        self.wfile.write(body)
+
+
+class _CookiePage(_HTMLPage):
+    def do_GET(self):
+        self._start()
+        self.wfile.write(b"""<html><body><p>cookie: <span id=c></span></p><input type=text>
+          <button onclick="document.cookie = 'who=' + document.querySelector('input').value;">Save</button>
+          <script>document.getElementById('c').textContent = document.cookie || 'none';</script></body></html>""")
 
 
 def test_twenty_concurrent_contexts_do_not_share_cookies():
@@ -292,16 +298,11 @@ def test_twenty_concurrent_contexts_do_not_share_cookies():
         assert f"cookie: who=user{i}" in view, view
 
 
-class _SlowBody(BaseHTTPRequestHandler):
+class _SlowBody(_HTMLPage):
     """`/` links to `/slow`, whose head arrives at once and whose body 0.8 s later."""
 
-    def log_message(self, *a):
-        pass
-
     def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.end_headers()
+        self._start()
         if self.path != "/slow":
             self.wfile.write(b'<html><body><a href="/slow">Next</a></body></html>')
             return
@@ -350,14 +351,9 @@ document.getElementById('pop').onclick = () => window.open(location.href.split('
 </script></body></html>"""
 
 
-class _Leaver(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
+class _Leaver(_HTMLPage):
     def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.end_headers()
+        self._start()
         self.wfile.write(_LEAVER)
 
 
