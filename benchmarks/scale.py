@@ -41,7 +41,7 @@ trainer's state is a float32 model of the same architecture in this process.
   weight_sync_blocked_s          of the new path, the part the caller waits for (cast +
                                  device->host copy)
 Stuck replica: a router over 2 of those replicas (default `stuck_after_s`=20 s in the full
-run, 5 s in --quick), 8 three-turn episodes in flight; 0.5 s into the run one replica's
+run, 3 s in --quick), 8 three-turn episodes in flight; 0.5 s into the run one replica's
 event loop is blocked for an hour (it stops answering).
   stuck_replica_detected_s       from the stall to the router dropping the replica
   stuck_episodes_lost            episodes started minus episodes that finished ok (goal 0)
@@ -376,9 +376,9 @@ def main() -> None:
         finally:
             for pool in pools.values():
                 pool.shutdown()
-        sync = measure_weight_sync(ray, replicas, 9)  # ~0.4 s a repeat
+        sync = measure_weight_sync(ray, replicas, 5 if args.quick else 9)  # ~0.4 s a repeat
         phase(f"weight sync done: {json.dumps(sync)}")
-        stuck = measure_stuck_replica(replicas[:2], 5.0 if args.quick else 20.0)
+        stuck = measure_stuck_replica(replicas[:2], 3.0 if args.quick else 20.0)
         phase("stuck replica done")
         dp = {} if args.quick else measure_data_parallel()
         phase(f"data-parallel runs done: {json.dumps(dp)}")
