@@ -83,6 +83,17 @@ def test_curves_show_the_sft_loss_beside_the_rl_rates(tmp_path):
     assert both.shape[1] > plain.shape[1] * 1.4  # a second panel: the SFT loss
 
 
+def test_curves_of_an_sft_only_run_plot_without_a_warning(tmp_path):
+    import warnings
+
+    from agentax.run._plots import plot_curves
+
+    sft = [{"phase": "sft", "step": s, "sft/loss": 2.0 / s} for s in range(1, 6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels" among them
+        assert plot_curves(sft, tmp_path / "sft.png").stat().st_size > 0
+
+
 def test_curves_leave_a_gap_where_a_step_did_not_report_a_metric(tmp_path):
     import math
 

@@ -91,7 +91,11 @@ def plot_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
     ax.set_ylabel("rate")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
+    else:  # an SFT-only run (run.steps=0, no evaluation): nothing to plot here
+        ax.text(0.5, 0.5, "no RL steps or evaluations", ha="center", va="center",
+                transform=ax.transAxes, color="gray")
     ax.set_title("agentax: per-episode rates during RL")
     fig.tight_layout()
     path = Path(path)
