@@ -13,6 +13,15 @@ def pytest_configure(config):
         from tests.compile_flags import fast_compile_xla_flags
 
         os.environ["XLA_FLAGS"] = fast_compile_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    # The tests' own programs share JAX's persistent compilation cache with the `agentax`
+    # processes they start (the CLI's, `$AGENTAX_COMPILATION_CACHE`, default
+    # ~/.cache/agentax/jax; empty = off): a kernel another test, worker or stage compiled
+    # already is loaded, not compiled again.
+    cache_dir = os.environ.get("AGENTAX_COMPILATION_CACHE", "~/.cache/agentax/jax")
+    if cache_dir:
+        from agentax.engine import enable_compilation_cache
+
+        enable_compilation_cache(cache_dir)
     # Some tests leave a sync call hung on a stage thread on purpose (tests/faults); at exit the
     # test process waits for such calls at most this long, not the 5 s a real run gives one.
     import agentax._executors
