@@ -42,7 +42,8 @@ trainer's state is a float32 model of the same architecture in this process.
                                  device->host copy)
 Stuck replica: a router over 2 of those replicas (default `stuck_after_s`=20 s in the full
 run, 3 s in --quick), 8 three-turn episodes in flight; 0.5 s into the run one replica's
-event loop is blocked for an hour (it stops answering).
+event loop is blocked for an hour (it stops answering). The full run compiles the replicas'
+kernels in a run before; --quick does not (the healthy replica compiles after the stall).
   stuck_replica_detected_s       from the stall to the router dropping the replica
   stuck_episodes_lost            episodes started minus episodes that finished ok (goal 0)
   stuck_requests_rerun           requests / conversations moved off the stuck replica
@@ -233,14 +234,17 @@ def measure_weight_sync(ray, replicas: list, repeats: int) -> dict:
     }
 
 
-def measure_stuck_replica(replicas: list, stuck_after_s: float) -> dict:
-    """A replica stops answering mid-run: time to drop it; episodes lost from the accounting."""
+def measure_stuck_replica(replicas: list, stuck_after_s: float, warm: bool = True) -> dict:
+    """A replica stops answering mid-run: time to drop it; episodes lost from the accounting.
+    With `warm`, the replicas first compile their kernels in a run of their own; without (the
+    quick run), the healthy replica compiles during the measured run, after the stall."""
     router = EngineRouter(replicas, stuck_after_s=stuck_after_s)
     env = functools.partial(SleepyEnv, num_steps=NUM_STEPS, step_latency_s=0.2)
-    # Generous model bound: the replicas compile their kernels in the warm-up (slow when the
-    # machine is loaded); the measured run then needs no compilation.
+    # Generous model bound: the replicas compile their kernels as requests first need them
+    # (slow when the machine is loaded).
     collector = make_collector(router, env, 4, model_timeout_s=RUN_TIMEOUT_S)
-    asyncio.run(asyncio.wait_for(run_episodes(collector, 8, 8), 3 * RUN_TIMEOUT_S))
+    if warm:
+        asyncio.run(asyncio.wait_for(run_episodes(collector, 8, 8), 3 * RUN_TIMEOUT_S))
     marks: dict[str, float] = {}
     outcomes: list = []
 
@@ -365,6 +369,8 @@ def main() -> None:
             for pool in pools.values():
                 pool.warm_up(timeout_s=60.0)
             ray.get([r.heartbeat() for r in replicas], timeout=300)
+            for r in replicas:  # an answered call marks a replica up (`RayEngineReplica.up`)
+                assert r.policy_version == 0
             phase("actors warm (env workers and engine replicas)")
             rates = dict.fromkeys(workers, 0.0)
             for _ in range(repeats):  # interleaved, best of: the machine is shared
@@ -378,7 +384,8 @@ def main() -> None:
                 pool.shutdown()
         sync = measure_weight_sync(ray, replicas, 5 if args.quick else 9)  # ~0.4 s a repeat
         phase(f"weight sync done: {json.dumps(sync)}")
-        stuck = measure_stuck_replica(replicas[:2], 3.0 if args.quick else 20.0)
+        stuck = measure_stuck_replica(replicas[:2], 3.0 if args.quick else 20.0,
+                                      warm=not args.quick)
         phase("stuck replica done")
         dp = {} if args.quick else measure_data_parallel()
         phase(f"data-parallel runs done: {json.dumps(dp)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import jax
 import numpy as np
@@ -65,6 +66,24 @@ def test_ray_engine_replica_behind_router():
         after = asyncio.run(_conversations(router))
         assert router.policy_version == 1
         assert all(int(c.versions.min()) == 1 for pair in after for c in pair)
+
+        # A later router over the replica, which answered the first one's probes: the replica
+        # is up, so a stall before its first answer to this router is a stuck replica at once
+        # (stuck_after_s), not one still starting (start_timeout_s, 600 s by default).
+        deadline = time.monotonic() + 30
+        while not remote.up and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert remote.up
+        later = EngineRouter([remote], stuck_after_s=1.0, probe_interval_s=0.1)
+        try:
+            remote.actor.__ray_call__.remote(lambda self: time.sleep(3600))  # its loop blocks
+            deadline = time.monotonic() + 30
+            while 0 not in later.down and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert later.stats().dropped[0].startswith("replica_stuck replica 0")
+            assert "no answer to a health probe" in later.stats().dropped[0]
+        finally:
+            later.shutdown()
     finally:
         single.shutdown()
         router.shutdown()

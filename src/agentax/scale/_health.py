@@ -14,6 +14,8 @@ whenever the actor's event loop runs) every `probe_interval_s`:
 * a probe that fails because the actor died drops it as `replica_died`;
 * until its first answer the replica is starting (importing, loading weights, building its
   engine): it is dropped as `replica_stuck` at stage 'start' only after `start_timeout_s`.
+  A replica that answered before (`RayEngineReplica.up`: a call, or a probe of an earlier
+  router) is not starting: its first probe is held to `stuck_after_s`.
 
 Dropping is the router's `_drop`: out of rotation, in-flight requests re-run elsewhere, the
 trace flushed, the actor killed.
@@ -21,6 +23,7 @@ trace flushed, the actor killed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -64,7 +67,10 @@ class ReplicaWatchdog:
         self.no_progress_after_s = no_progress_after_s
         self.probe_interval_s = probe_interval_s
         self.start_timeout_s = start_timeout_s
-        self._probes = {i: _Probe() for i in indices}
+        # A replica that answered before (another router's, an earlier call) is up already: a
+        # probe it leaves unanswered counts from the first one, not from start_timeout_s.
+        self._probes = {i: _Probe(answered=bool(getattr(router.replicas[i], "up", False)))
+                        for i in indices}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="agentax-replica-watchdog",
                                         daemon=True)
@@ -113,6 +119,8 @@ class ReplicaWatchdog:
             router._drop(index, router.stage_of(index), "replica_died", f"{type(e).__name__}: {e}")
             return
         probe.ref, probe.version, probe.answered = None, int(version), True
+        with contextlib.suppress(AttributeError):  # remembered by the replica for later routers
+            router.replicas[index].up = True
         probe.warm |= resolved > 0
         busy = router.inflight(index) > 0
         if not busy or (progress, resolved) != probe.progress:

@@ -312,13 +312,18 @@ class RayEngineReplica:
         # Requests of many episodes must be in flight at once for the engine to batch them.
         options.setdefault("max_concurrency", 1000)
         self.call_timeout_s = call_timeout_s
+        self.up = False
+        """Whether the actor has answered a call or a router's health probe (its engine is
+        built): a router holds its first probe to `stuck_after_s`, not `start_timeout_s`."""
         self.actor = _ACTOR_CLASS.options(**options).remote(make_engine)
 
     async def generate(
         self, prompt_ids: Any, params: SamplingParams | None = None, *, sequence_id: int | None = None
     ) -> Completion:
         """`Engine.generate` in the actor (awaitable from any event loop)."""
-        return await self.actor.generate.remote(prompt_ids, params, sequence_id)
+        out = await self.actor.generate.remote(prompt_ids, params, sequence_id)
+        self.up = True
+        return out
 
     def stream(self, prompt_ids: Any, params: SamplingParams | None = None, *,
                sequence_id: int | None = None):
@@ -336,19 +341,26 @@ class RayEngineReplica:
 
         host = state if isinstance(state, self._ray.ObjectRef) else jax.device_get(_as_state(state))
         self._ray.get(self.actor.update_weights.remote(host, int(version)), timeout=self.call_timeout_s)
+        self.up = True
 
     def wait_published(self, timeout_s: float | None = None) -> bool:
         """`Engine.wait_published` in the actor (the call itself bounded by `call_timeout_s`
         more than `timeout_s`)."""
         limit = None if timeout_s is None else timeout_s + self.call_timeout_s
-        return bool(self._ray.get(self.actor.wait_published.remote(timeout_s), timeout=limit))
+        out = bool(self._ray.get(self.actor.wait_published.remote(timeout_s), timeout=limit))
+        self.up = True
+        return out
 
     @property
     def policy_version(self) -> int:
-        return int(self._ray.get(self.actor.policy_version.remote(), timeout=self.call_timeout_s))
+        out = int(self._ray.get(self.actor.policy_version.remote(), timeout=self.call_timeout_s))
+        self.up = True
+        return out
 
     def stats(self) -> Any:
-        return self._ray.get(self.actor.stats.remote(), timeout=self.call_timeout_s)
+        out = self._ray.get(self.actor.stats.remote(), timeout=self.call_timeout_s)
+        self.up = True
+        return out
 
     def __repr__(self) -> str:
         return f"RayEngineReplica(actor {self.actor._actor_id.hex()[:12]})"
