@@ -369,8 +369,10 @@ def main() -> None:
             for pool in pools.values():
                 pool.warm_up(timeout_s=60.0)
             ray.get([r.heartbeat() for r in replicas], timeout=300)
-            for r in replicas:  # an answered call marks a replica up (`RayEngineReplica.up`)
-                assert r.policy_version == 0
+            # An answered call marks a replica up (`RayEngineReplica.up`): a router's first
+            # probe of it is then held to stuck_after_s (the stuck-replica run below).
+            if any(r.policy_version != 0 for r in replicas):
+                raise RuntimeError("an engine replica holds weights before any publication")
             phase("actors warm (env workers and engine replicas)")
             rates = dict.fromkeys(workers, 0.0)
             for _ in range(repeats):  # interleaved, best of: the machine is shared

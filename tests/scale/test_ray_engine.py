@@ -67,9 +67,10 @@ def test_ray_engine_replica_behind_router():
         assert router.policy_version == 1
         assert all(int(c.versions.min()) == 1 for pair in after for c in pair)
 
-        # A later router over the replica, which answered the first one's probes: the replica
-        # is up, so a stall before its first answer to this router is a stuck replica at once
-        # (stuck_after_s), not one still starting (start_timeout_s, 600 s by default).
+        # A later router over the replica, which has answered calls and the first router's
+        # probes: the replica is up, so a stall before its first answer to this router is a
+        # stuck replica at once (stuck_after_s), not one still starting (start_timeout_s, 600 s
+        # by default).
         deadline = time.monotonic() + 30
         while not remote.up and time.monotonic() < deadline:
             time.sleep(0.05)
