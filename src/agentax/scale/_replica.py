@@ -340,25 +340,25 @@ class RayEngineReplica:
         import jax  # noqa: PLC0415
 
         host = state if isinstance(state, self._ray.ObjectRef) else jax.device_get(_as_state(state))
-        self._ray.get(self.actor.update_weights.remote(host, int(version)), timeout=self.call_timeout_s)
-        self.up = True
+        self._answer(self.actor.update_weights.remote(host, int(version)), self.call_timeout_s)
 
     def wait_published(self, timeout_s: float | None = None) -> bool:
         """`Engine.wait_published` in the actor (the call itself bounded by `call_timeout_s`
         more than `timeout_s`)."""
         limit = None if timeout_s is None else timeout_s + self.call_timeout_s
-        out = bool(self._ray.get(self.actor.wait_published.remote(timeout_s), timeout=limit))
-        self.up = True
-        return out
+        return bool(self._answer(self.actor.wait_published.remote(timeout_s), limit))
 
     @property
     def policy_version(self) -> int:
-        out = int(self._ray.get(self.actor.policy_version.remote(), timeout=self.call_timeout_s))
-        self.up = True
-        return out
+        return int(self._answer(self.actor.policy_version.remote(), self.call_timeout_s))
 
     def stats(self) -> Any:
-        out = self._ray.get(self.actor.stats.remote(), timeout=self.call_timeout_s)
+        return self._answer(self.actor.stats.remote(), self.call_timeout_s)
+
+    def _answer(self, ref: Any, timeout: float | None) -> Any:
+        """The result of a control call (`ray.get` bounded by `timeout`); an answer marks the
+        replica `up`."""
+        out = self._ray.get(ref, timeout=timeout)
         self.up = True
         return out
 
