@@ -9,6 +9,11 @@ in the full run, `ModelConfig.small()` (~20M). Figures:
   against `distinct_lengths` (the compilations an unbucketed trainer would need).
 * `packed_over_padded` — trained (loss-mask) tokens per second with `pack=True` over the same
   groups padded one sequence per row (many short sequences, a few long ones).
+* `attention_blocked_over_dense` — SFT steps per second on packed rows of the byte model the
+  recipes train (`RunConfig().model`: 2 layers, head dim 32) with `attention='auto'` (on CPU
+  the blocked kernel at its automatic block) over the same steps with `attention='dense'`, at
+  the `mini_swe` recipe's shape (32 rows of 384; `--quick`: 16 rows of 256);
+  `sft_auto_step_ms` and `sft_dense_step_ms` are the step times.
 
 `python benchmarks/train.py --quick` (< 1 min on 2 cores) or the full run (writes
 benchmarks/results/train.json). The last line printed is one JSON object.
@@ -25,7 +30,8 @@ import numpy as np
 
 from agentax.models import ModelConfig, Transformer
 from agentax.records import Group, Trajectory, TrajectoryStatus
-from agentax.train import RLTrainer, TrainerConfig
+from agentax.run import RunConfig
+from agentax.train import RLTrainer, SFTTrainer, TrainerConfig
 
 
 def make_groups(rng, num_groups, group_size, gen_lo, gen_hi):
@@ -106,6 +112,30 @@ def main() -> None:
     out["padded_trained_tokens_per_s"] = padded
     out["packed_trained_tokens_per_s"] = packed
     out["packed_over_padded"] = packed / padded
+
+    # 4. Attention on CPU: 'auto' (blocked, skipping masked blocks) vs the dense [T, T] pass.
+    rows, length, steps = (16, 256, 3) if quick else (32, 384, 8)
+    demos = []
+    for _ in range(steps + 1):
+        batch = []
+        for _ in range(rows):  # (token ids, loss mask): the loss on the second half
+            n = int(rng.integers(length // 2, length))
+            batch.append((rng.integers(0, 256, n).astype(np.int32),
+                          (np.arange(n) >= n // 2).astype(np.float32)))
+        demos.append(batch)
+    step_s = {}
+    for attention in ("auto", "dense"):
+        sft = SFTTrainer(Transformer(RunConfig().model), TrainerConfig(
+            learning_rate=1e-3, micro_batch_size=rows, max_seq_len=length, pack=True,
+            pack_length=length, attention=attention))
+        float(sft.step(demos[0]).loss)  # compile
+        t0 = time.perf_counter()
+        for batch in demos[1:]:
+            float(sft.step(batch).loss)
+        step_s[attention] = (time.perf_counter() - t0) / steps
+    out["sft_auto_step_ms"] = 1e3 * step_s["auto"]
+    out["sft_dense_step_ms"] = 1e3 * step_s["dense"]
+    out["attention_blocked_over_dense"] = step_s["dense"] / step_s["auto"]
 
     out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
     if not quick:

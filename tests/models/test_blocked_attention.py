@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 from agentax.models import _attention
-from agentax.models._attention import resolve_attention_impl, train_attention
+from agentax.models._attention import (
+    dense_attention_pays,
+    resolve_attention_block,
+    resolve_attention_impl,
+    train_attention,
+)
 
 SCALE = 0.35
 
@@ -217,3 +222,36 @@ def test_resolve_impl_and_cudnn_refusals():
     with pytest.raises(ValueError, match="bf16/fp16"):
         train_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
                         scale=1.0, softcap=None, impl="cudnn")
+
+
+def test_auto_block_and_the_dense_rule_per_backend():
+    """'auto' on CPU: blocks of twice the head dim, dense only for small scores or two blocks;
+    an accelerator keeps 512-blocks and dense up to 256 MiB of scores; an explicit block wins."""
+    assert resolve_attention_block(0, 32, backend="cpu") == 64
+    assert resolve_attention_block(0, 128, backend="cpu") == 256
+    assert resolve_attention_block(0, 256, backend="cpu") == 512
+    assert resolve_attention_block(0, 128, backend="tpu") == 512
+    assert resolve_attention_block(96, 32, backend="cpu") == 96
+    # the mini_swe recipe's SFT rows (32 x 384, 4 heads): 75 MiB of scores, six blocks
+    assert not dense_attention_pays(32, 4, 384, 64, backend="cpu")
+    assert dense_attention_pays(32, 4, 384, 512, backend="gpu")
+    assert dense_attention_pays(32, 4, 128, 64, backend="cpu")  # 8 MiB
+    assert dense_attention_pays(1, 16, 1024, 512, backend="cpu")  # two blocks
+    assert not dense_attention_pays(1, 16, 8192, 512, backend="tpu")
+
+
+def test_auto_attention_on_cpu_matches_dense_through_the_trainers_forward():
+    """Packed rows long enough for 'auto' to pick the blocked kernel give the dense numbers."""
+    from agentax.models import ModelConfig, Transformer
+
+    model = Transformer(ModelConfig.tiny(num_layers=1))
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 256, (16, 320)), jnp.int32)
+    seg = jnp.asarray(np.repeat([[1] * 140 + [2] * 150 + [0] * 30], 16, axis=0), jnp.int32)
+    assert not dense_attention_pays(16, model.config.num_heads, 320,
+                                    resolve_attention_block(0, model.config.head_dim))
+    auto = jax.jit(lambda i, s: model.hidden(i, segment_ids_bt=s, attention="auto"))(ids, seg)
+    dense = jax.jit(lambda i, s: model.hidden(i, segment_ids_bt=s, attention="dense"))(ids, seg)
+    real = np.asarray(seg) > 0
+    np.testing.assert_allclose(np.asarray(auto)[real], np.asarray(dense)[real],
+                               atol=2e-5, rtol=2e-5)

@@ -30,9 +30,43 @@ from jax import lax
 
 from agentax.models._layers import attention as dense_attention
 
-__all__ = ["train_attention", "resolve_attention_impl", "ATTENTION_IMPLS"]
+__all__ = ["train_attention", "resolve_attention_impl", "resolve_attention_block",
+           "dense_attention_pays", "ATTENTION_IMPLS"]
 
 ATTENTION_IMPLS = ("auto", "dense", "blocked", "cudnn")
+
+
+DENSE_SCORES_BYTES = 1 << 28
+"""`attention='auto'` on an accelerator runs the dense attention when one layer's float32
+scores [B, N, T, T] fit in this many bytes (256 MiB; with remat one layer's are live at a
+time): the blocked kernel's loops cost more to compile than such a small problem saves, and
+real lengths are far past it (Qwen3-0.6B at 4k tokens: 1 GiB a row)."""
+
+CPU_DENSE_SCORES_BYTES = 1 << 24
+"""On CPU `attention='auto'` runs the dense attention only when one layer's float32 scores fit
+in this many bytes (16 MiB) or the sequence is at most two blocks long: past that the blocked
+kernel's skipped blocks (causal, other packed segments) and cache-sized tiles beat the dense
+[T, T] passes through memory (`benchmarks/train.py`, `attention_blocked_over_dense`)."""
+
+
+def resolve_attention_block(block: int, head_dim: int, backend: str | None = None) -> int:
+    """The blocked attention's block size; `block` 0 is automatic: 512 on an accelerator, and
+    on CPU twice the head dimension within [64, 512] (a score tile that stays in cache)."""
+    if block:
+        return block
+    if (backend or jax.default_backend()) != "cpu":
+        return 512
+    return min(512, max(64, 2 * head_dim))
+
+
+def dense_attention_pays(b: int, num_heads: int, t: int, block: int,
+                         backend: str | None = None) -> bool:
+    """Whether `attention='auto'` runs the dense attention for B x T tokens (see
+    DENSE_SCORES_BYTES and CPU_DENSE_SCORES_BYTES)."""
+    scores = b * num_heads * t * t * 4
+    if (backend or jax.default_backend()) == "cpu":
+        return scores <= CPU_DENSE_SCORES_BYTES or t <= 2 * block
+    return scores <= DENSE_SCORES_BYTES
 
 
 def resolve_attention_impl(impl: str, *, softcap: float | None, segmented: bool,

@@ -18,7 +18,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentax.models._attention import resolve_attention_impl, train_attention
+from agentax.models._attention import (
+    dense_attention_pays,
+    resolve_attention_block,
+    resolve_attention_impl,
+    train_attention,
+)
 from agentax.models._config import ModelConfig
 from agentax.models._layers import RMSNorm, apply_rope, positions_from_segments, rope_inv_freq
 from agentax.models._scan import run_layers
@@ -128,13 +133,6 @@ class Block(nnx.Module):
                                              **attn))
 
 
-DENSE_SCORES_BYTES = 1 << 28
-"""`attention='auto'` runs the dense attention when one layer's float32 scores [B, N, T, T]
-fit in this many bytes (256 MiB; with remat one layer's are live at a time): the blocked
-kernel's loops cost more to compile than such a small problem saves (a byte-model recipe's
-SFT compiled 12 s longer with them), and real lengths are far past it (Qwen3-0.6B at 4k
-tokens: 1 GiB a row)."""
-
 REMAT_AUTO_BYTES = 2 << 30
 """`remat='auto'` keeps every activation (no recomputation) when the layers' saved
 activations, estimated from the shapes, fit in this many bytes (2 GiB): below it
@@ -227,7 +225,7 @@ class Transformer(nnx.Module):
         remat: str = "none",
         scan: bool | str = True,
         attention: str = "auto",
-        attention_block: int = 512,
+        attention_block: int = 0,
         activation_sharding=None,
     ) -> jax.Array:
         """Final-norm hidden states [B, T, D] of a full-sequence forward pass.
@@ -247,7 +245,8 @@ class Transformer(nnx.Module):
             'auto' scans models of `SCAN_AUTO_MIN_LAYERS` layers or more.
           attention: 'blocked' (O(T x block) memory, masked blocks skipped), 'dense' (the
             [T, T] reference), 'cudnn' (GPU) or 'auto' (see `resolve_attention_impl`).
-          attention_block: the blocked attention's block size.
+          attention_block: the blocked attention's block size; 0 picks it
+            (`resolve_attention_block`).
           activation_sharding: a sharding the [B, T, D] activations are pinned to at each
             layer (rows over the data axes), or None.
         """
@@ -267,15 +266,16 @@ class Transformer(nnx.Module):
         impl = resolve_attention_impl(attention, softcap=cfg.attn_logit_softcap,
                                       segmented=seg is not None, dtype=cfg.dtype,
                                       traced_window=scan and len(windows) > 1)
+        block = resolve_attention_block(attention_block, cfg.head_dim)
         if attention == "auto" and impl == "blocked" and \
-                b * cfg.num_heads * t * t * 4 <= DENSE_SCORES_BYTES:
-            impl = "dense"  # small enough: one layer's scores cost less than the loops' compile
+                dense_attention_pays(b, cfg.num_heads, t, block):
+            impl = "dense"
         pin = ((lambda x: jax.lax.with_sharding_constraint(x, activation_sharding))
                if activation_sharding is not None else (lambda x: x))
         x = pin(self.embed_tokens(input_ids_bt))
         remat, scan = resolve_layer_options(cfg, b, t, impl, remat, scan, x.dtype.itemsize)
         x = run_layers(list(self.layers), cfg, x, positions_bt, seg, remat=remat, scan=scan,
-                       impl=impl, block=attention_block, pin=pin)
+                       impl=impl, block=block, pin=pin)
         return pin(self.final_norm(x))
 
     def __call__(

@@ -96,9 +96,11 @@ class TrainerConfig:
     attention: Literal["auto", "blocked", "dense", "cudnn"] = "auto"
     """Training attention: 'blocked' (pure JAX, O(T x block) memory, skips masked blocks),
     'cudnn' (jax.nn.dot_product_attention's fused kernel, GPU), 'dense' (the [T, T] reference),
-    'auto' = cudnn on GPU where it applies, blocked elsewhere."""
-    attention_block: int = 512
-    """Query/key block size of the blocked attention."""
+    'auto' = cudnn on GPU where it applies, else blocked, or dense where one layer's scores
+    are small (256 MiB on an accelerator; on CPU 16 MiB, or a sequence of two blocks)."""
+    attention_block: int = 0
+    """Query/key block size of the blocked attention; 0 picks it: 512 on an accelerator, on
+    CPU twice the head dimension within [64, 512]."""
     logits_chunk: int = 1024
     """Positions per chunk of the LM head in the loss and scoring passes: hidden -> logits ->
     log-prob of the target runs a chunk at a time, only over loss positions, recomputed in the
@@ -205,8 +207,9 @@ class TrainerConfig:
             raise err(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise err(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
-        if self.attention_block < 16:
-            raise err(f"attention_block must be >= 16, got {self.attention_block}")
+        if self.attention_block != 0 and self.attention_block < 16:
+            raise err(f"attention_block must be 0 (automatic) or >= 16, got "
+                      f"{self.attention_block}")
         if self.logits_chunk < 0:
             raise err(f"logits_chunk must be >= 0 (0 = full logits), got {self.logits_chunk}")
         if self.mesh is not None:

@@ -57,7 +57,7 @@ class StepOptions(NamedTuple):
     remat: str = "auto"
     scan_layers: bool | str = "auto"
     attention: str = "auto"
-    attention_block: int = 512
+    attention_block: int = 0
     logits_chunk: int = 1024
     activation_sharding: Any = None
     """Sharding of the [B, T, D] activations under a mesh (rows over data and fsdp): pinned
