@@ -94,7 +94,9 @@ GB = 1e9
 
 def trainer_config(seq_len: int, rows: int = 1, **knobs):
     from agentax.train import TrainerConfig
-    knobs = {"compute_dtype": "bfloat16", **knobs}
+    # attention_block 512: the block `auto` takes on an accelerator (this host is a CPU, whose
+    # automatic block is smaller), so the analysis is of the accelerator's kernels.
+    knobs = {"compute_dtype": "bfloat16", "attention_block": 512, **knobs}
     return TrainerConfig(max_seq_len=seq_len, min_seq_bucket=min(64, seq_len),
                          micro_batch_size=rows, **knobs)
 
@@ -132,7 +134,8 @@ def recipe_budget(name: str, preset: str) -> dict:
     from agentax.train import update_memory
     cfg = load_config(recipe_path(name))
     model = ModelConfig.preset(preset)
-    t = cfg.trainer
+    t = cfg.trainer  # at the block an accelerator's automatic choice takes, as trainer_config
+    t = dataclasses.replace(t, attention_block=t.attention_block or 512)
     update = update_memory(model, t, rows=t.micro_batch_size, seq_len=t.max_seq_len)
     e = cfg.engine
     kv = page_pool_bytes(model, e.kv_pages, e.cache_dtype)
