@@ -12,7 +12,7 @@ in the full run, `ModelConfig.small()` (~20M). Figures:
 * `attention_blocked_over_dense` — SFT steps per second on packed rows of the byte model the
   recipes train (`RunConfig().model`: 2 layers, head dim 32) with `attention='auto'` (on CPU
   the blocked kernel at its automatic block) over the same steps with `attention='dense'`, at
-  the `mini_swe` recipe's shape (32 rows of 384; `--quick`: 16 rows of 256);
+  the `mini_swe` recipe's shape (32 rows of 384; `--quick`: 16 rows of 384);
   `sft_auto_step_ms` and `sft_dense_step_ms` are the step times.
 
 `python benchmarks/train.py --quick` (< 1 min on 2 cores) or the full run (writes
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from agentax.models import ModelConfig, Transformer
+from agentax.models._attention import dense_attention_pays, resolve_attention_block
 from agentax.records import Group, Trajectory, TrajectoryStatus
 from agentax.run import RunConfig
 from agentax.train import RLTrainer, SFTTrainer, TrainerConfig
@@ -114,7 +115,12 @@ def main() -> None:
     out["packed_over_padded"] = packed / padded
 
     # 4. Attention on CPU: 'auto' (blocked, skipping masked blocks) vs the dense [T, T] pass.
-    rows, length, steps = (16, 256, 3) if quick else (32, 384, 8)
+    rows, length, steps = (16, 384, 3) if quick else (32, 384, 8)
+    model_cfg = RunConfig().model
+    block = resolve_attention_block(0, model_cfg.head_dim)
+    if dense_attention_pays(rows, model_cfg.num_heads, length, block):
+        raise SystemExit(f"'auto' runs the dense attention at {rows} x {length} on this backend: "
+                         "nothing to compare")
     demos = []
     for _ in range(steps + 1):
         batch = []
@@ -125,7 +131,7 @@ def main() -> None:
         demos.append(batch)
     step_s = {}
     for attention in ("auto", "dense"):
-        sft = SFTTrainer(Transformer(RunConfig().model), TrainerConfig(
+        sft = SFTTrainer(Transformer(model_cfg), TrainerConfig(
             learning_rate=1e-3, micro_batch_size=rows, max_seq_len=length, pack=True,
             pack_length=length, attention=attention))
         float(sft.step(demos[0]).loss)  # compile
